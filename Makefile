@@ -1,0 +1,24 @@
+# The two commands of the README: `make run` (the main job) and `make test` (the tests).
+# Each prepares its own environment first.
+.PHONY: run test lint bench env
+
+UV = $(shell scripts/bootstrap.sh)
+
+run:
+	$(UV) run --frozen tally demo
+
+test:
+	@uv=$$(scripts/bootstrap.sh) && \
+	$$uv run --frozen ruff check src tests bench && \
+	$$uv run --frozen ruff format --check src tests bench && \
+	$$uv run --frozen mypy && \
+	$$uv run --frozen pytest -q
+
+lint:
+	@uv=$$(scripts/bootstrap.sh) && \
+	$$uv run --frozen ruff check src tests bench && \
+	$$uv run --frozen ruff format --check src tests bench && \
+	$$uv run --frozen mypy
+
+bench:
+	$(UV) run --frozen tally bench
