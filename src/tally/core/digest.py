@@ -53,7 +53,7 @@ _SIZES = {DigestType.CRC32: 8, DigestType.HMAC: 32, DigestType.CRC32C: 4, Digest
 
 def crc32c(data: bytes | bytearray | memoryview, start: int = 0) -> int:
     """CRC32C (Castagnoli), hardware-accelerated; `start` chains over several buffers."""
-    return int(google_crc32c.extend(start, bytes(data) if isinstance(data, memoryview) else data))
+    return int(google_crc32c.extend(start, data if isinstance(data, bytes) else bytes(data)))
 
 
 def mac_key(password: bytes) -> bytes:

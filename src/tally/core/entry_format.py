@@ -1,0 +1,258 @@
+"""The bytes of one entry as bookies store and serve them: formats V1 and V2 (BP-34).
+
+V1 is BookKeeper's classic layout and can only name scope-0 ledgers below 2^63; V2 adds
+a flags byte (format version and digest type) and the ledger scope. Their first byte
+tells them apart: V1 starts with the top byte of a ledger id below 2^63 (top bit clear),
+V2 with flags whose top bit is always set. The digest covers the header and the payload,
+so a bookie or a reader detects corruption of any byte it serves.
+
+V1 cannot say which digest it carries, so decoding takes the digest type from the caller
+(the ledger metadata records it); a V2 entry that names another type is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from tally.core.digest import DigestType, compute
+from tally.core.errors import BadDigest, BadRequest, MalformedData
+from tally.core.ids import LedgerId
+
+INT64_MAX: Final = (1 << 63) - 1
+MAX_ENTRY_SIZE: Final = 5 * 1024 * 1024
+"""Default largest entry `decode_entry` accepts, digest and header included (BookKeeper's
+default frame limit), so oversized input is refused before any hashing."""
+
+_V1_HEADER = struct.Struct(">Qqqq")  # ledger id, entry id, LAC, length
+_V2_HEADER = struct.Struct(">BQQqqq")  # flags, scope, ledger id, entry id, LAC, length
+_V2_FLAG = 0x80
+_V2_VERSION = 2
+
+
+class EntryFormat(enum.Enum):
+    V1 = 1
+    V2 = 2
+
+
+_HEADER_SIZES = {EntryFormat.V1: _V1_HEADER.size, EntryFormat.V2: _V2_HEADER.size}
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """The fields before the digest; `digest_type` is None for V1, which does not carry it."""
+
+    format: EntryFormat
+    ledger_id: LedgerId
+    entry_id: int
+    last_add_confirmed: int
+    length: int
+    digest_type: DigestType | None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded entry whose digest matched. `length` is the ledger's total length in
+    bytes up to and including this entry, as in BookKeeper, not the payload's size."""
+
+    ledger_id: LedgerId
+    entry_id: int
+    last_add_confirmed: int
+    length: int
+    payload: bytes
+    digest_type: DigestType
+    format: EntryFormat
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+def header_size(format: EntryFormat) -> int:
+    """Bytes before the digest: 32 for V1, 41 for V2."""
+    return _HEADER_SIZES[format]
+
+
+def encode_entry(
+    ledger_id: LedgerId,
+    entry_id: int,
+    last_add_confirmed: int,
+    length: int,
+    payload: Buffer,
+    digest_type: DigestType,
+    key: bytes = b"",
+    format: EntryFormat | None = None,
+) -> bytes:
+    """The entry's bytes: header, digest of header and payload, then the payload.
+
+    `key` is `digest.mac_key(password)`, derived once per ledger; only HMAC uses it.
+    Without `format`, V1 for classic ids (scope 0, id < 2^63) and V2 otherwise.
+    """
+    if not isinstance(ledger_id, LedgerId):
+        raise BadRequest(f"ledger id must be a LedgerId, not {type(ledger_id).__name__}")
+    digest_type = DigestType.parse(digest_type)
+    _check_key(digest_type, key)
+    body = payload if isinstance(payload, bytes) else _as_view(payload, "payload")
+    _check_field("entry id", entry_id, 0)
+    _check_field("last add confirmed", last_add_confirmed, -1)
+    _check_field("length", length, 0)
+    if length < len(body):
+        raise BadRequest(
+            f"length {length} of ledger {ledger_id} entry {entry_id} is less than its payload "
+            f"({len(body)} bytes); length is the ledger's total up to and including the entry"
+        )
+    fits_v1 = ledger_id.scope == 0 and ledger_id.id <= INT64_MAX
+    if format is None:
+        format = EntryFormat.V1 if fits_v1 else EntryFormat.V2
+    if format is EntryFormat.V1:
+        if not fits_v1:
+            raise BadRequest(
+                f"ledger {ledger_id.qualified_name} cannot be written in entry format V1, "
+                "which holds only scope 0 and ids below 2^63"
+            )
+        header = _V1_HEADER.pack(ledger_id.id, entry_id, last_add_confirmed, length)
+    elif format is EntryFormat.V2:
+        flags = _V2_FLAG | _V2_VERSION << 4 | digest_type
+        header = _V2_HEADER.pack(
+            flags, ledger_id.scope, ledger_id.id, entry_id, last_add_confirmed, length
+        )
+    else:
+        raise BadRequest(f"unknown entry format {format!r}")
+    return b"".join((header, compute(digest_type, key, header, body), body))
+
+
+def peek_header(data: Buffer) -> EntryHeader:
+    """Read the header WITHOUT checking the digest.
+
+    For a bookie, which indexes entries of ledgers whose password it does not know;
+    nothing read here is trustworthy until `decode_entry` has verified the digest.
+    """
+    view = _as_view(data, "entry")
+    if not view:
+        raise MalformedData("empty entry: no header")
+    if view[0] & _V2_FLAG:
+        return _peek_v2(view)
+    if len(view) < _V1_HEADER.size:
+        raise MalformedData(_short("V1", len(view), _V1_HEADER.size))
+    ledger, entry_id, lac, length = _V1_HEADER.unpack_from(view)
+    return _header(EntryFormat.V1, LedgerId(0, ledger), entry_id, lac, length, None)
+
+
+def decode_entry(
+    data: Buffer,
+    digest_type: DigestType,
+    key: bytes = b"",
+    max_size: int = MAX_ENTRY_SIZE,
+) -> Entry:
+    """Decode and verify an entry of a ledger that uses `digest_type` (from its metadata).
+
+    Raises MalformedData for bytes that are not an entry (too short, over `max_size`,
+    unknown version or digest type, impossible field values) and BadDigest when the
+    digest does not match or names another type than the ledger's.
+    """
+    digest_type = DigestType.parse(digest_type)
+    _check_key(digest_type, key)
+    view = _as_view(data, "entry")
+    if len(view) > max_size:
+        raise MalformedData(f"entry of {len(view)} bytes exceeds the limit of {max_size} bytes")
+    head = peek_header(view)
+    where = f"ledger {head.ledger_id} entry {head.entry_id}"
+    if head.digest_type not in (None, digest_type):
+        raise BadDigest(
+            f"{where} carries a {head.digest_type.name} digest but the ledger uses "
+            f"{digest_type.name}"
+        )
+    header_end = header_size(head.format)
+    digest_end = header_end + digest_type.size
+    if len(view) < digest_end:
+        raise MalformedData(
+            f"{where} ({head.format.name}) is {len(view)} bytes; header and "
+            f"{digest_type.name} digest need {digest_end}"
+        )
+    payload = bytes(view[digest_end:])
+    expected = compute(digest_type, key, view[:header_end], payload)
+    if not hmac.compare_digest(expected, view[header_end:digest_end]):
+        raise BadDigest(f"{digest_type.name} digest mismatch in {where} ({head.format.name})")
+    if head.length < len(payload):
+        raise MalformedData(
+            f"{where} has length {head.length}, less than its own payload of {len(payload)} bytes"
+        )
+    return Entry(
+        ledger_id=head.ledger_id,
+        entry_id=head.entry_id,
+        last_add_confirmed=head.last_add_confirmed,
+        length=head.length,
+        payload=payload,
+        digest_type=digest_type,
+        format=head.format,
+    )
+
+
+def _peek_v2(view: memoryview) -> EntryHeader:
+    flags = view[0]
+    version = flags >> 4 & 0x7
+    if version != _V2_VERSION:
+        raise MalformedData(
+            f"entry flags 0x{flags:02x} name entry format version {version}; "
+            f"only version {_V2_VERSION} is known"
+        )
+    if len(view) < _V2_HEADER.size:
+        raise MalformedData(_short("V2", len(view), _V2_HEADER.size))
+    _, scope, ledger, entry_id, lac, length = _V2_HEADER.unpack_from(view)
+    ledger_id = LedgerId(scope, ledger)
+    try:
+        digest_type = DigestType(flags & 0x0F)
+    except ValueError:
+        raise MalformedData(
+            f"ledger {ledger_id} entry {entry_id}: flags 0x{flags:02x} name unknown "
+            f"digest type {flags & 0x0F}"
+        ) from None
+    return _header(EntryFormat.V2, ledger_id, entry_id, lac, length, digest_type)
+
+
+def _header(
+    format: EntryFormat,
+    ledger_id: LedgerId,
+    entry_id: int,
+    lac: int,
+    length: int,
+    digest_type: DigestType | None,
+) -> EntryHeader:
+    """Refuse values no encoder writes, so garbage never passes as a header."""
+    if entry_id < 0 or lac < -1 or length < 0:
+        raise MalformedData(
+            f"ledger {ledger_id} {format.name} header holds impossible values: "
+            f"entry id {entry_id}, last add confirmed {lac}, length {length}"
+        )
+    return EntryHeader(format, ledger_id, entry_id, lac, length, digest_type)
+
+
+def _as_view(data: Buffer, what: str) -> memoryview:
+    """A flat byte view, so lengths count bytes whatever the buffer's item format."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise BadRequest(
+            f"{what} must be bytes, bytearray or memoryview, not {type(data).__name__}"
+        )
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise BadRequest(f"{what} must be a contiguous buffer")
+    return view.cast("B")
+
+
+def _check_field(name: str, value: int, lowest: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"{name} must be an int, not {type(value).__name__}")
+    if not lowest <= value <= INT64_MAX:
+        raise BadRequest(f"{name} {value} is outside {lowest}..2^63-1")
+
+
+def _check_key(digest_type: DigestType, key: bytes) -> None:
+    # An empty HMAC key would let anyone forge entries; it means the caller forgot mac_key.
+    if digest_type is DigestType.HMAC and not key:
+        raise BadRequest("HMAC digests need the ledger's key: pass digest.mac_key(password)")
+
+
+def _short(format_name: str, size: int, needed: int) -> str:
+    return f"entry of {size} bytes is cut short: a {format_name} header needs {needed}"
