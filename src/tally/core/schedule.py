@@ -6,6 +6,12 @@ entries with (i - e) mod E < WQ.
 
 from __future__ import annotations
 
+from tally.core.availability import (
+    MAX_ENTRY_ID,
+    MAX_SEQUENCE,
+    EntryAvailability,
+    SequenceGroup,
+)
 from tally.core.errors import BadRequest
 
 
@@ -29,3 +35,42 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int
 def stores_entry(position: int, entry_id: int, ensemble_size: int, write_quorum: int) -> bool:
     """Whether ensemble `position` is in the write set of `entry_id`."""
     return (position - entry_id) % ensemble_size < write_quorum
+
+
+def expected_entries(
+    first: int, last: int, ensemble_size: int, write_quorum: int, position: int
+) -> EntryAvailability:
+    """The entries of [first, last] that ensemble `position` must hold, in closed form.
+
+    Position i holds one run of WQ entries every E entries, starting where
+    e = i - WQ + 1 (mod E); so the answer is at most a cut first run, one periodic group
+    and a cut last run, whatever the length of the segment. An auditor compares it with
+    what the bookie reports (`EntryAvailability.difference`) in O(groups).
+    """
+    check_quorums(ensemble_size, write_quorum, 1)
+    if not 0 <= position < ensemble_size:
+        raise BadRequest(f"position {position} is outside the ensemble 0..{ensemble_size - 1}")
+    if ensemble_size > MAX_SEQUENCE:
+        raise BadRequest(f"ensemble size {ensemble_size} is beyond {MAX_SEQUENCE}")
+    if first < 0 or last > MAX_ENTRY_ID:
+        raise BadRequest(f"entries {first}..{last} are outside 0..{MAX_ENTRY_ID}")
+    if last < first:
+        return EntryAvailability.empty()
+    stop = last + 1
+    run_start = first - (first - position + write_quorum - 1) % ensemble_size
+    groups = []
+    if run_start < first:
+        if run_start + write_quorum > first:
+            groups.append(
+                SequenceGroup(first, first, min(run_start + write_quorum, stop) - first, 0)
+            )
+        run_start += ensemble_size
+    whole_runs = max(0, (stop - write_quorum - run_start) // ensemble_size + 1)
+    if whole_runs:
+        last_start = run_start + (whole_runs - 1) * ensemble_size
+        period = ensemble_size if whole_runs > 1 else 0
+        groups.append(SequenceGroup(run_start, last_start, write_quorum, period))
+        run_start += whole_runs * ensemble_size
+    if run_start < stop:
+        groups.append(SequenceGroup(run_start, run_start, stop - run_start, 0))
+    return EntryAvailability(groups)
