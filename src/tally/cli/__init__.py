@@ -1,0 +1,1 @@
+"""The `tally` command: every process and tool of tally starts here."""
