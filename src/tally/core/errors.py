@@ -147,6 +147,30 @@ class InvalidMetadataTransition(BadRequest):
     code = 18
 
 
+class NoSuchKey(MetadataStoreError):
+    """The metadata store has nothing at this path."""
+
+    code = 33
+
+
+class KeyExists(MetadataStoreError):
+    """The metadata store already has something at this path."""
+
+    code = 34
+
+
+class NotEmpty(MetadataStoreError):
+    """A path cannot be deleted while it has children."""
+
+    code = 35
+
+
+class SessionExpired(MetadataStoreError):
+    """The metadata store session is gone; its ephemeral keys with it."""
+
+    code = 36
+
+
 class ClusterNotInitialised(TallyError):
     """The metadata store holds no tally cluster; run `tally cluster init` first."""
 
