@@ -1,0 +1,92 @@
+"""Config loading: the order of sources, conversions, and refusals that name the source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tally.config import load
+from tally.core.errors import BadRequest
+
+
+@dataclass(frozen=True)
+class Sample:
+    journal_dir: Path = Path("journal")
+    flush_interval_ms: int = 1000
+    disk_usage_threshold: float = 0.95
+    read_only_on_error: bool = True
+    rack: str | None = None
+    ledger_dirs: tuple[Path, ...] = (Path("ledgers"),)
+
+
+def test_defaults_when_nothing_is_given() -> None:
+    assert load(Sample, "bookie", env={}) == Sample()
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "tally.toml"
+    config.write_text(
+        "[bookie]\nflush-interval-ms = 50\nrack = '/a/b'\nledger_dirs = ['x', 'y']\n"
+        "[client]\nignored = 1\n"
+    )
+    env = {"TALLY_BOOKIE_FLUSH_INTERVAL_MS": "70", "TALLY_BOOKIE_READ_ONLY_ON_ERROR": "no"}
+    loaded = load(
+        Sample, "bookie", file=config, env=env, overrides={"rack": "/c", "journal_dir": None}
+    )
+    assert loaded.flush_interval_ms == 70
+    assert loaded.read_only_on_error is False
+    assert loaded.rack == "/c"
+    assert loaded.journal_dir == Path("journal")
+    assert loaded.ledger_dirs == (Path("x"), Path("y"))
+
+
+def test_environment_lists_are_comma_separated() -> None:
+    loaded = load(Sample, "bookie", env={"TALLY_BOOKIE_LEDGER_DIRS": "a, b"})
+    assert loaded.ledger_dirs == (Path("a"), Path("b"))
+
+
+def test_unknown_file_key_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    config = tmp_path / "tally.toml"
+    config.write_text("[bookie]\nflush_intervall_ms = 5\n")
+    with pytest.raises(BadRequest, match=r"no setting 'flush_intervall_ms'.*flush_interval_ms"):
+        load(Sample, "bookie", file=config, env={})
+
+
+def test_unknown_environment_variable_is_refused() -> None:
+    with pytest.raises(BadRequest, match="TALLY_BOOKIE_RAKC names no bookie setting"):
+        load(Sample, "bookie", env={"TALLY_BOOKIE_RAKC": "/a"})
+
+
+def test_other_sections_variables_are_not_ours() -> None:
+    assert load(Sample, "bookie", env={"TALLY_CLIENT_X": "1", "TALLY_METADATA": "m"}) == Sample()
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("TALLY_BOOKIE_FLUSH_INTERVAL_MS", "soon", "expected int"),
+        ("TALLY_BOOKIE_READ_ONLY_ON_ERROR", "maybe", "expected true or false"),
+        ("TALLY_BOOKIE_DISK_USAGE_THRESHOLD", "high", "expected float"),
+    ],
+)
+def test_bad_values_name_their_source(var: str, value: str, message: str) -> None:
+    with pytest.raises(BadRequest, match=f"environment variable {var}: {message}"):
+        load(Sample, "bookie", env={var: value})
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[bookie\n")
+    with pytest.raises(BadRequest, match="not valid TOML"):
+        load(Sample, "bookie", file=broken, env={})
+    with pytest.raises(BadRequest, match="cannot read config file"):
+        load(Sample, "bookie", file=tmp_path / "absent.toml", env={})
+
+
+def test_toml_types_are_checked(tmp_path: Path) -> None:
+    config = tmp_path / "tally.toml"
+    config.write_text("[bookie]\nread_only_on_error = 'sure'\n")
+    with pytest.raises(BadRequest, match=r"\[bookie\] read_only_on_error: expected true or false"):
+        load(Sample, "bookie", file=config, env={})
