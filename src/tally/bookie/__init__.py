@@ -1,0 +1,1 @@
+"""The bookie: a storage server that journals, stores and serves ledger entries."""
