@@ -1,0 +1,67 @@
+"""A bookie's admission rules: master keys fixed by the first writer, one-way fencing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tally.core.admission import (
+    LedgerAccess,
+    admit_add,
+    admit_fencing_read,
+    admit_write_lac,
+)
+from tally.core.digest import master_key
+from tally.core.errors import BadRequest, LedgerFenced, Unauthorized
+from tally.core.ids import LedgerId
+
+LEDGER = LedgerId(0, 7)
+KEY = master_key(b"pw")
+OTHER = master_key(b"not-pw")
+
+
+def test_first_add_fixes_the_key_and_asks_to_record_it() -> None:
+    admission = admit_add(LEDGER, LedgerAccess(), KEY, recovery=False)
+    assert admission.record_master_key
+    assert not admission.record_fence
+    again = admit_add(LEDGER, LedgerAccess(master_key=KEY), KEY, recovery=False)
+    assert not again.record_master_key
+
+
+@pytest.mark.parametrize("admit", [admit_fencing_read, admit_write_lac])
+def test_wrong_key_is_unauthorized_everywhere(admit: object) -> None:
+    access = LedgerAccess(master_key=KEY)
+    with pytest.raises(Unauthorized, match="ledger 7"):
+        admit_add(LEDGER, access, OTHER, recovery=False)
+    with pytest.raises(Unauthorized):
+        admit_add(LEDGER, access, OTHER, recovery=True)
+    with pytest.raises(Unauthorized):
+        admit(LEDGER, access, OTHER)  # type: ignore[operator]
+
+
+def test_fenced_ledger_refuses_normal_adds_but_not_recovery_adds() -> None:
+    access = LedgerAccess(master_key=KEY, fenced=True)
+    with pytest.raises(LedgerFenced, match="ledger 7 is fenced"):
+        admit_add(LEDGER, access, KEY, recovery=False)
+    assert not admit_add(LEDGER, access, KEY, recovery=True).record_fence
+
+
+def test_fencing_an_unknown_ledger_records_key_and_fence() -> None:
+    admission = admit_fencing_read(LEDGER, LedgerAccess(), KEY)
+    assert admission.record_fence
+    assert admission.record_master_key
+
+
+def test_fencing_twice_records_nothing_new() -> None:
+    admission = admit_fencing_read(LEDGER, LedgerAccess(master_key=KEY, fenced=True), KEY)
+    assert not admission.record_fence
+    assert not admission.record_master_key
+
+
+def test_explicit_lac_passes_a_fence() -> None:
+    access = LedgerAccess(master_key=KEY, fenced=True)
+    assert not admit_write_lac(LEDGER, access, KEY).record_fence
+
+
+def test_master_keys_have_one_size() -> None:
+    with pytest.raises(BadRequest, match="5 bytes"):
+        admit_add(LEDGER, LedgerAccess(), b"short", recovery=False)
