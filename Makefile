@@ -8,6 +8,7 @@ run:
 	$(UV) run --frozen tally demo
 
 test:
+	@scripts/ensure-zookeeper.sh
 	@uv=$$(scripts/bootstrap.sh) && \
 	$$uv run --frozen ruff check src tests bench && \
 	$$uv run --frozen ruff format --check src tests bench && \
