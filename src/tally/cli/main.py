@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import demo
+from tally.cli import cluster, demo
 
 app = typer.Typer(
     name="tally",
@@ -13,6 +13,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("demo")(demo.run)
+app.add_typer(cluster.app, name="cluster")
 
 
 @app.callback()

@@ -1,0 +1,89 @@
+"""`tally cluster init | nuke`: create a cluster in a metadata store, or wipe it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import typer
+
+from tally.core.errors import TallyError
+from tally.metadata.cluster import InitResult, init_cluster, nuke_cluster, read_cluster
+from tally.metadata.store import DEFAULT_CONNECT_TIMEOUT, MetadataStore, open_store
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="cluster",
+    help="Create a tally cluster in a metadata store, or wipe one.",
+    no_args_is_help=True,
+)
+
+Metadata = Annotated[
+    str,
+    typer.Option(
+        "--metadata",
+        help="Metadata store URI: sqlite:///path/meta.db, zk://host:port[/chroot] or memory://.",
+        show_default=False,
+    ),
+]
+ConnectTimeout = Annotated[
+    float, typer.Option("--timeout", help="Seconds to wait for the metadata store to answer.")
+]
+
+
+def _with_store(uri: str, timeout: float, action: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    """Run `action` on a session of the store at `uri`; a tally error ends the command."""
+
+    async def run() -> T:
+        async with open_store(uri, connect_timeout=timeout) as store:
+            return await action(store)
+
+    try:
+        return asyncio.run(run())
+    except TallyError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command("init")
+def init(metadata: Metadata, timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT) -> None:
+    """Create a new cluster (with a random instance id); a no-op where one exists."""
+    result: InitResult = _with_store(metadata, timeout, init_cluster)
+    info = result.info
+    if result.created:
+        typer.echo(
+            f"initialised cluster {info.instance_id} (metadata layout version "
+            f"{info.layout_version}) in {metadata}"
+        )
+    else:
+        typer.echo(f"cluster {info.instance_id} already exists in {metadata}; nothing changed")
+
+
+@app.command("nuke")
+def nuke(
+    metadata: Metadata,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Required: confirms that every ledger's metadata goes."),
+    ] = False,
+    timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT,
+) -> None:
+    """Delete the cluster and everything in it: ledgers, bookies, cookies, marks."""
+    if not force:
+        typer.echo(
+            f"refusing to nuke the cluster in {metadata} without --force: it deletes the "
+            "metadata of every ledger, and the data on the bookies becomes unreachable",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+    async def wipe(store: MetadataStore) -> str:
+        info = await read_cluster(store)
+        deleted = await nuke_cluster(store, force=True)
+        if info is None:
+            return f"no cluster in {metadata}; deleted {deleted} leftover keys"
+        return f"nuked cluster {info.instance_id} in {metadata}: deleted {deleted} keys"
+
+    typer.echo(_with_store(metadata, timeout, wipe))

@@ -1,0 +1,327 @@
+"""The under-replication manager: what the auditor found, and who is repairing it.
+
+The auditor marks a ledger under-replicated with the bookies that lost its copies; a
+replication worker locks the ledger (an ephemeral key: a worker that dies drops it),
+copies the missing entries, then removes the mark and the lock in one transaction that
+also checks the mark's version. A re-mark while the copy runs (another bookie lost)
+merges into the mark by compare-and-set and so bumps its version: the worker's removal
+then fails, the mark stays, and the newly missing copies are repaired in a next round
+instead of being forgotten.
+
+Also here, as in BookKeeper: a cluster-wide switch that disables replication, the
+`lost_bookie_recovery_delay` (seconds the auditor waits before marking a lost bookie's
+ledgers, so a bookie that restarts quickly causes no copying), and when each of the
+auditor's periodic checks last ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+from tally.core.errors import (
+    BadRequest,
+    KeyExists,
+    MalformedData,
+    MetadataVersionConflict,
+    NoSuchKey,
+    SessionExpired,
+)
+from tally.core.ids import LedgerId
+from tally.metadata import records
+from tally.metadata.keys import Watcher, delete_if_present, put, watch_value
+from tally.metadata.layout import (
+    LOST_BOOKIE_RECOVERY_DELAY,
+    REPLICATION_DISABLED,
+    UNDER_REPLICATION_MARKS,
+    check_path_of,
+    lock_path,
+)
+from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
+from tally.metadata.store import Delete, MetadataStore, Versioned, WatchKind
+
+log = logging.getLogger(__name__)
+
+_MARK_KIND = "under-replicated"
+_MARK_FIELDS = frozenset({"missing_bookies", "first_marked_ms"})
+_DELAY_KIND = "lost-bookie-recovery-delay"
+_DELAY_FIELDS = frozenset({"seconds"})
+_CHECK_KIND = "auditor-check"
+_CHECK_FIELDS = frozenset({"time_ms"})
+
+
+class AuditorCheck(enum.Enum):
+    """The auditor's periodic checks (BookKeeper's names), whose last runs are kept."""
+
+    CHECK_ALL_LEDGERS = "check_all_ledgers"
+    PLACEMENT_POLICY = "placement_policy_check"
+    REPLICAS = "replicas_check"
+
+
+@dataclass(frozen=True)
+class UnderReplicatedLedger:
+    """A ledger's under-replication mark as stored."""
+
+    ledger_id: LedgerId
+    missing_bookies: frozenset[str]
+    """Bookies whose copies of the ledger are lost (empty: check every copy)."""
+    first_marked_ms: int
+    """When the ledger was first marked; re-marks keep it."""
+    version: int
+
+
+@dataclass(frozen=True)
+class ReplicationLock:
+    """A worker's hold on one ledger, with the mark as it was when the lock was taken."""
+
+    mark: UnderReplicatedLedger
+    session_id: int
+
+    @property
+    def ledger_id(self) -> LedgerId:
+        return self.mark.ledger_id
+
+
+def _check_bookies(bookies: Iterable[str]) -> frozenset[str]:
+    if isinstance(bookies, str):
+        raise BadRequest(f"missing bookies must be a collection of ids, not one str {bookies!r}")
+    found = frozenset(bookies)
+    for bookie in found:
+        if not isinstance(bookie, str) or not bookie:
+            raise BadRequest(f"a missing bookie must be a non-empty str, got {bookie!r}")
+    return found
+
+
+def _encode_mark(missing: frozenset[str], first_marked_ms: int) -> bytes:
+    return records.encode(
+        _MARK_KIND, {"missing_bookies": sorted(missing), "first_marked_ms": first_marked_ms}
+    )
+
+
+def _decode_mark(ledger_id: LedgerId, found: Versioned) -> UnderReplicatedLedger:
+    source = f"under-replication mark of ledger {ledger_id}"
+    record = records.decode(found.data, _MARK_KIND, _MARK_FIELDS, source)
+    return UnderReplicatedLedger(
+        ledger_id,
+        frozenset(record.texts("missing_bookies")),
+        record.integer("first_marked_ms"),
+        found.version,
+    )
+
+
+def _decode_delay(data: bytes) -> int:
+    record = records.decode(data, _DELAY_KIND, _DELAY_FIELDS, LOST_BOOKIE_RECOVERY_DELAY)
+    return record.integer("seconds")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class UnderReplicationManager:
+    """Under-replication marks, replication locks and the auditor's settings, on one session."""
+
+    def __init__(self, store: MetadataStore):
+        self.store = store
+
+    # -- marks ---------------------------------------------------------------------------
+
+    async def mark_under_replicated(
+        self, ledger_id: LedgerId, missing_bookies: Iterable[str], *, now_ms: int | None = None
+    ) -> UnderReplicatedLedger:
+        """Mark the ledger, or merge `missing_bookies` into its mark; the mark as stored.
+
+        A mark that does not decode is replaced (and the replacement logged), so a corrupt
+        mark never blocks the ledger's repair.
+        """
+        missing = _check_bookies(missing_bookies)
+        path = UNDER_REPLICATION_MARKS.path(ledger_id)
+        marked_ms = _now_ms() if now_ms is None else now_ms
+        while True:
+            try:
+                found = await self.store.get(path)
+            except NoSuchKey:
+                try:
+                    await create_with_parents(self.store, path, _encode_mark(missing, marked_ms))
+                except KeyExists:
+                    continue  # marked meanwhile: merge into that
+                return UnderReplicatedLedger(ledger_id, missing, marked_ms, 0)
+            try:
+                current = _decode_mark(ledger_id, found)
+                merged, first = current.missing_bookies | missing, current.first_marked_ms
+            except MalformedData as e:
+                log.error("replacing an unreadable mark: %s", e)
+                current, merged, first = None, missing, marked_ms
+            if current is not None and merged == current.missing_bookies:
+                return current
+            try:
+                stat = await self.store.set(path, _encode_mark(merged, first), found.version)
+            except (MetadataVersionConflict, NoSuchKey):
+                continue  # re-marked or repaired meanwhile: start over
+            return UnderReplicatedLedger(ledger_id, merged, first, stat.version)
+
+    async def under_replicated(self, ledger_id: LedgerId) -> UnderReplicatedLedger | None:
+        """The ledger's mark, or None when it is not marked."""
+        try:
+            found = await self.store.get(UNDER_REPLICATION_MARKS.path(ledger_id))
+        except NoSuchKey:
+            return None
+        return _decode_mark(ledger_id, found)
+
+    async def list_under_replicated(
+        self,
+        *,
+        missing_bookie: str | None = None,
+        marked_before_ms: int | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> AsyncIterator[UnderReplicatedLedger]:
+        """Marked ledgers in id order; only those missing `missing_bookie`, or first marked
+        before `marked_before_ms`, when given. Unreadable marks are logged and skipped."""
+        async for page in walk(self.store, UNDER_REPLICATION_MARKS, page_size):
+            for stray in page.strays:
+                log.error("%s is among the under-replication marks but names no ledger", stray)
+            for ledger_id, _, found in page.ledgers:
+                try:
+                    mark = _decode_mark(ledger_id, found)
+                except MalformedData as e:
+                    log.error("skipping an unreadable mark: %s", e)
+                    continue
+                if missing_bookie is not None and missing_bookie not in mark.missing_bookies:
+                    continue
+                if marked_before_ms is not None and mark.first_marked_ms >= marked_before_ms:
+                    continue
+                yield mark
+
+    # -- locks ---------------------------------------------------------------------------
+
+    async def acquire(self, ledger_id: LedgerId) -> ReplicationLock | None:
+        """Lock the ledger for replication; None if another worker holds it or it is no
+        longer marked. MalformedData (lock released) if its mark does not decode."""
+        path = lock_path(ledger_id)
+        try:
+            await self.store.create(path, ephemeral=True)
+        except KeyExists:
+            return None
+        lock_session = self.store.session_id
+        try:
+            mark = await self.under_replicated(ledger_id)
+        except BaseException:
+            await self._unlock(ledger_id, lock_session)
+            raise
+        if mark is None:
+            await self._unlock(ledger_id, lock_session)
+            return None
+        return ReplicationLock(mark, lock_session)
+
+    async def release(self, lock: ReplicationLock) -> None:
+        """Give the ledger back, marked as it is, for another round (this or another worker)."""
+        self._check_own(lock)
+        await self._unlock(lock.ledger_id, lock.session_id)
+
+    async def mark_replicated(self, lock: ReplicationLock) -> bool:
+        """Remove the mark if unchanged since `lock` was taken; release the lock either way.
+
+        False when the ledger was re-marked meanwhile: the mark stays for another round.
+        SessionExpired if the lock was lost with the session (another worker may hold it).
+        """
+        self._check_own(lock)
+        path = lock_path(lock.ledger_id)
+        held = await self.store.exists(path)
+        if held is None or held.ephemeral_owner != lock.session_id:
+            raise SessionExpired(
+                f"the replication lock on ledger {lock.ledger_id} was lost (session "
+                f"{lock.session_id:#x} expired); the ledger stays marked"
+            )
+        mark_path = UNDER_REPLICATION_MARKS.path(lock.ledger_id)
+        try:
+            await self.store.transaction([Delete(mark_path, lock.mark.version), Delete(path)])
+        except MetadataVersionConflict:
+            await self.release(lock)
+            return False
+        except NoSuchKey:
+            await self.release(lock)  # the mark was deleted by hand, or the lock just lost
+            raise
+        await prune_parents(self.store, UNDER_REPLICATION_MARKS.parents(lock.ledger_id))
+        return True
+
+    def _check_own(self, lock: ReplicationLock) -> None:
+        if lock.session_id != self.store.session_id:
+            raise BadRequest(
+                f"the lock on ledger {lock.ledger_id} was taken on session "
+                f"{lock.session_id:#x}, not on this manager's {self.store.session_id:#x}"
+            )
+
+    async def _unlock(self, ledger_id: LedgerId, session_id: int) -> None:
+        """Delete the ledger's lock if `session_id` holds it (never another worker's)."""
+        path = lock_path(ledger_id)
+        held = await self.store.exists(path)
+        if held is not None and held.ephemeral_owner == session_id:
+            await delete_if_present(self.store, path)
+
+    # -- cluster-wide settings -----------------------------------------------------------
+
+    async def disable_replication(self) -> None:
+        with contextlib.suppress(KeyExists):
+            await self.store.create(REPLICATION_DISABLED)
+
+    async def enable_replication(self) -> None:
+        await delete_if_present(self.store, REPLICATION_DISABLED)
+
+    async def is_replication_enabled(self) -> bool:
+        return await self.store.exists(REPLICATION_DISABLED) is None
+
+    async def watch_replication_enabled(self, callback: Callable[[bool], object]) -> Watcher[bool]:
+        """Call `callback(enabled)` now and whenever replication is enabled or disabled."""
+        return await Watcher.start(
+            self.store,
+            [(REPLICATION_DISABLED, WatchKind.EXISTS)],
+            self.is_replication_enabled,
+            callback,
+            "the replication switch",
+        )
+
+    async def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
+        if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 0:
+            raise BadRequest(f"lost bookie recovery delay must be an int >= 0, got {seconds!r}")
+        await put(
+            self.store,
+            LOST_BOOKIE_RECOVERY_DELAY,
+            records.encode(_DELAY_KIND, {"seconds": seconds}),
+        )
+
+    async def lost_bookie_recovery_delay(self) -> int | None:
+        """Seconds, or None when never set (the auditor then uses its configured default)."""
+        try:
+            found = await self.store.get(LOST_BOOKIE_RECOVERY_DELAY)
+        except NoSuchKey:
+            return None
+        return _decode_delay(found.data)
+
+    async def watch_lost_bookie_recovery_delay(
+        self, callback: Callable[[int | None], object]
+    ) -> Watcher[int | None]:
+        """Call `callback(seconds or None)` now and after every change."""
+        return await watch_value(self.store, LOST_BOOKIE_RECOVERY_DELAY, _decode_delay, callback)
+
+    async def set_check_time(self, check: AuditorCheck, time_ms: int) -> None:
+        """Record when the auditor last ran `check`."""
+        if not isinstance(time_ms, int) or isinstance(time_ms, bool) or time_ms < 0:
+            raise BadRequest(f"a check time must be an int >= 0 (ms), got {time_ms!r}")
+        await put(
+            self.store,
+            check_path_of(AuditorCheck(check).value),
+            records.encode(_CHECK_KIND, {"time_ms": time_ms}),
+        )
+
+    async def check_time(self, check: AuditorCheck) -> int | None:
+        """When the auditor last ran `check` (ms), or None if it never did."""
+        path = check_path_of(AuditorCheck(check).value)
+        try:
+            found = await self.store.get(path)
+        except NoSuchKey:
+            return None
+        return records.decode(found.data, _CHECK_KIND, _CHECK_FIELDS, path).integer("time_ms")

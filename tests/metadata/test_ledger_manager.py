@@ -1,0 +1,254 @@
+"""The ledger manager on every backend: ids, metadata CRUD by CAS, watches, iteration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tally.core.errors import (
+    BadRequest,
+    LedgerExists,
+    MalformedData,
+    MetadataVersionConflict,
+    NoSuchLedger,
+)
+from tally.core.ids import LedgerId
+from tally.metadata import ledger_manager
+from tally.metadata.cluster import init_cluster
+from tally.metadata.layout import IDGEN, LEDGER_METADATA, LEDGERS, SCOPED_SUFFIX
+from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.store import MetadataStore
+from tests.metadata.conftest import Backend
+from tests.metadata.service_support import Collected, sample_metadata, start_service_worker
+
+
+async def new_ledgers(store: MetadataStore, count: int) -> list[LedgerRecord]:
+    manager = LedgerManager(store)
+    ids = [await manager.generate_ledger_id() for _ in range(count)]
+    return [await manager.create_ledger_metadata(i, sample_metadata()) for i in ids]
+
+
+# -- ids ---------------------------------------------------------------------------------
+
+
+async def test_classic_ids_count_up_from_one_and_scoped_ones_are_random(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        classic = [await manager.generate_ledger_id() for _ in range(5)]
+        assert classic == [LedgerId.classic(i) for i in range(1, 6)]
+        scoped = {await manager.generate_ledger_id(scoped=True) for _ in range(50)}
+        assert len(scoped) == 50
+        assert all(ledger_id.scope != 0 for ledger_id in scoped)
+        assert await LedgerManager(store).generate_ledger_id() == LedgerId.classic(6)
+
+
+async def test_concurrent_creators_on_several_sessions_never_share_an_id(
+    backend: Backend,
+) -> None:
+    async with backend.open() as a, backend.open() as b, backend.open() as c:
+        await init_cluster(a)
+        managers = [LedgerManager(store) for store in (a, b, c)]
+        ids = await asyncio.gather(*(m.generate_ledger_id() for m in managers for _ in range(30)))
+        assert len(set(ids)) == 90
+        assert sorted(i.id for i in ids) == list(range(1, 91))
+
+
+async def test_ids_are_never_reused_after_deletes(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        created = await new_ledgers(store, 4)
+        manager = LedgerManager(store)
+        for record in created:
+            await manager.remove_ledger_metadata(record.ledger_id)
+        assert await store.children(LEDGERS) == []
+    async with backend.open() as later:
+        fresh = await LedgerManager(later).generate_ledger_id()
+        assert fresh.id > max(record.ledger_id.id for record in created)
+
+
+async def test_a_full_bucket_moves_the_sequence_to_the_next(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_manager, "IDGEN_BUCKET_SIZE", 4)
+    async with backend.open() as a, backend.open() as b:
+        await init_cluster(a)
+        first, second = LedgerManager(a), LedgerManager(b)
+        assert [(await first.generate_ledger_id()).id for _ in range(3)] == [1, 2, 3]
+        ids = await asyncio.gather(*(m.generate_ledger_id() for m in (first, second) * 10))
+        numbers = sorted(i.id for i in ids)
+        assert len(set(numbers)) == 20
+        assert all(n % 4 != 0 for n in numbers), "a bucket's first id is never handed out"
+        assert numbers[0] > 3
+        assert len(await a.children(IDGEN)) >= 7
+
+
+async def test_two_processes_allocating_at_once_never_share_an_id(
+    shared_backend: Backend,
+) -> None:
+    async with shared_backend.open() as store:
+        await init_cluster(store)
+        workers = await asyncio.gather(
+            *(start_service_worker(shared_backend.uri, 10.0) for _ in range(2))
+        )
+        try:
+            manager = LedgerManager(store)
+            replies, mine = await asyncio.gather(
+                asyncio.gather(*(worker.ask("ids", 200) for worker in workers)),
+                asyncio.gather(*(manager.generate_ledger_id() for _ in range(100))),
+            )
+        finally:
+            for worker in workers:
+                await worker.stop()
+    theirs = [int(word) for reply in replies for word in reply[1:]]
+    assert all(reply[0] == "ids" for reply in replies)
+    every = theirs + [i.id for i in mine]
+    assert len(every) == 500
+    assert len(set(every)) == 500
+
+
+# -- one ledger --------------------------------------------------------------------------
+
+
+async def test_create_read_update_delete(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        for ledger_id in (await manager.generate_ledger_id(), LedgerId.from_uuid()):
+            metadata = sample_metadata()
+            created = await manager.create_ledger_metadata(ledger_id, metadata)
+            assert created == LedgerRecord(ledger_id, metadata, 0)
+            assert await manager.read_ledger_metadata(ledger_id) == created
+            closed = metadata.close(99, 4096)
+            updated = await manager.write_ledger_metadata(ledger_id, closed, 0)
+            assert updated == LedgerRecord(ledger_id, closed, 1)
+            assert await manager.read_ledger_metadata(ledger_id) == updated
+            with pytest.raises(MetadataVersionConflict, match=f"ledger {ledger_id}.*version 0"):
+                await manager.write_ledger_metadata(ledger_id, metadata, 0)
+            with pytest.raises(MetadataVersionConflict, match=str(ledger_id)):
+                await manager.remove_ledger_metadata(ledger_id, expected_version=0)
+            await manager.remove_ledger_metadata(ledger_id, expected_version=1)
+            with pytest.raises(NoSuchLedger, match=str(ledger_id)):
+                await manager.read_ledger_metadata(ledger_id)
+            with pytest.raises(NoSuchLedger):
+                await manager.write_ledger_metadata(ledger_id, closed, 1)
+            with pytest.raises(NoSuchLedger):
+                await manager.remove_ledger_metadata(ledger_id)
+        assert await store.children(LEDGERS) == []
+        assert await store.children(LEDGERS + SCOPED_SUFFIX) == []
+
+
+async def test_creates_racing_deletes_that_prune_their_parents_all_succeed(
+    backend: Backend,
+) -> None:
+    async with backend.open() as a, backend.open() as b:
+        await init_cluster(a)
+        deleter, creator = LedgerManager(a), LedgerManager(b)
+        for round_number in range(15):
+            old, new = LedgerId(9, 2 * round_number), LedgerId(9, 2 * round_number + 1)
+            await deleter.create_ledger_metadata(old, sample_metadata())
+            await asyncio.gather(
+                deleter.remove_ledger_metadata(old),
+                creator.create_ledger_metadata(new, sample_metadata()),
+            )
+            await creator.read_ledger_metadata(new)
+            await creator.remove_ledger_metadata(new)
+        assert await a.children(LEDGERS + SCOPED_SUFFIX) == []
+
+
+async def test_a_retried_create_is_recognised_by_its_creator_token(backend: Backend) -> None:
+    async with backend.open() as store, backend.open() as other:
+        await init_cluster(store)
+        mine, theirs = LedgerManager(store), LedgerManager(other)
+        ledger_id = await mine.generate_ledger_id()
+        metadata = sample_metadata(token=b"creator-1")
+        first = await mine.create_ledger_metadata(ledger_id, metadata)
+        again = await theirs.create_ledger_metadata(ledger_id, sample_metadata(token=b"creator-1"))
+        assert again == first
+        with pytest.raises(LedgerExists, match=f"ledger {ledger_id}"):
+            await theirs.create_ledger_metadata(ledger_id, sample_metadata(token=b"creator-2"))
+        tokenless = await mine.generate_ledger_id()
+        await mine.create_ledger_metadata(tokenless, sample_metadata(token=b""))
+        with pytest.raises(LedgerExists):
+            await mine.create_ledger_metadata(tokenless, sample_metadata(token=b""))
+
+
+async def test_corrupt_metadata_is_an_error_naming_the_ledger(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        records = await new_ledgers(store, 3)
+        broken = records[1].ledger_id
+        await store.set(LEDGER_METADATA.path(broken), b"\x00garbage, not metadata")
+        manager = LedgerManager(store)
+        with pytest.raises(MalformedData, match=f"ledger {broken} metadata"):
+            await manager.read_ledger_metadata(broken)
+        pages = [page async for page in manager.ledger_pages()]
+        assert [r.ledger_id for p in pages for r in p.ledgers] == [
+            records[0].ledger_id,
+            records[2].ledger_id,
+        ]
+        (unreadable,) = [u for p in pages for u in p.unreadable]
+        assert unreadable.ledger_id == broken
+        assert unreadable.path == LEDGER_METADATA.path(broken)
+        assert f"ledger {broken}" in str(unreadable.error)
+
+
+# -- every ledger ------------------------------------------------------------------------
+
+
+async def test_iteration_visits_every_ledger_in_id_order_page_by_page(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        ids = [LedgerId.classic(i) for i in (9_998, 9_999, 10_000, 10_001, 3, 2**64 - 1)]
+        ids += [LedgerId(1, 5), LedgerId(1, 70_000), LedgerId.from_uuid(), LedgerId.from_uuid()]
+        for ledger_id in ids:
+            await manager.create_ledger_metadata(ledger_id, sample_metadata())
+        stray = "/ledgers/0000/0000/0000/0000/not-a-ledger"
+        await store.create(stray)
+        pages = [page async for page in manager.ledger_pages(page_size=3)]
+        assert all(len(page.ledgers) <= 3 for page in pages)
+        assert [r.ledger_id for p in pages for r in p.ledgers] == sorted(ids)
+        assert [u.path for p in pages for u in p.unreadable] == [stray]
+        read_back = {r.ledger_id: r for p in pages for r in p.ledgers}
+        for ledger_id in ids:
+            assert read_back[ledger_id] == await manager.read_ledger_metadata(ledger_id)
+        with pytest.raises(BadRequest, match="page size"):
+            [page async for page in manager.ledger_pages(page_size=0)]
+
+
+async def test_iterating_an_empty_cluster_gives_nothing(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        assert [page async for page in LedgerManager(store).ledger_pages()] == []
+
+
+# -- watches -----------------------------------------------------------------------------
+
+
+async def test_a_ledger_watch_gives_each_version_then_none_once_deleted(backend: Backend) -> None:
+    async with backend.open() as store, backend.open() as writer:
+        await init_cluster(store)
+        ledger_id = LedgerId.classic(42)
+        seen: Collected[LedgerRecord | None] = Collected()
+        watcher = await LedgerManager(store).watch_ledger_metadata(ledger_id, seen)
+        assert seen.values == [None]
+        manager = LedgerManager(writer)
+        metadata = sample_metadata()
+        await manager.create_ledger_metadata(ledger_id, metadata)
+        await seen.wait_for(2)
+        closed = metadata.close(9, 100)
+        await manager.write_ledger_metadata(ledger_id, closed, 0)
+        await seen.wait_for(3)
+        await manager.remove_ledger_metadata(ledger_id)
+        await seen.wait_for(4)
+        assert seen.values == [
+            None,
+            LedgerRecord(ledger_id, metadata, 0),
+            LedgerRecord(ledger_id, closed, 1),
+            None,
+        ]
+        watcher.cancel()
+        await manager.create_ledger_metadata(ledger_id, metadata)
+        assert await seen.quiet() == 0
