@@ -1,0 +1,465 @@
+"""Entry logs: interleaved, append-only files that hold the bytes of every ledger's entries.
+
+Entries of all ledgers go into one log at a time, in the order ledger storage appends them
+(sorted by ledger and entry at each checkpoint, for read locality). A log is never written
+again once another one is current, nor after a restart: a log whose tail a crash tore is
+left as it is, and nothing the index points to lies in the torn part, because the index is
+written only after the log was fdatasync'ed.
+
+Files: `<directory>/<log id as 8 hex digits>.log`, ids increasing. File header (20 bytes,
+big-endian): magic `TALLYELG`, uint32 format version, uint32 log id, uint32 CRC32C of the
+16 bytes before it. Then records, back to back:
+
+    uint32 length of the entry bytes, uint32 CRC32C of the entry bytes,
+    uint64 ledger scope, uint64 ledger id, int64 entry id, entry bytes
+
+The CRC32C is the one the client computed and sent with the ADD (end-to-end checksum), so
+bit rot is found by reading the log alone, without the ledger's password. A read is given
+the location the index holds and the ledger and entry it expects; it checks every header
+field against them and the bytes against the CRC. Any disagreement, short read or I/O error
+is `EntryUnreadable` naming the file, the offset, the ledger and the entry: the index says
+the entry exists, so "no such entry" would be a lie that lets recovery truncate a ledger.
+
+Writes are buffered: `append` only adds to a buffer in memory (no system call per entry),
+`flush` writes it with one `pwrite` and fdatasyncs. Reads of records still in the buffer
+are served from it. Threads: one writer thread appends and flushes (the checkpoint);
+`read` may be called from any thread at the same time. A short lock guards the buffer and
+the table of open files; no I/O is done while it is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from tally.core.digest import crc32c
+from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
+from tally.core.ids import LedgerId
+
+MAGIC = b"TALLYELG"
+FORMAT_VERSION = 1
+_FILE_HEADER_FIELDS = struct.Struct(">8sII")
+_U32 = struct.Struct(">I")
+FILE_HEADER_SIZE = _FILE_HEADER_FIELDS.size + _U32.size
+_RECORD_HEADER = struct.Struct(">IIQQq")
+RECORD_HEADER_SIZE = _RECORD_HEADER.size
+
+DEFAULT_LOG_SIZE_LIMIT = 1 << 30
+"""BookKeeper's logSizeLimit (1 GiB): the log rolls before a record would take it past this."""
+MAX_LOG_ID = 2**32 - 1
+MAX_ENTRY_SIZE = 2**32 - 1 - RECORD_HEADER_SIZE
+"""A location's size is a uint32 and covers the record header too."""
+MAX_OPEN_LOGS = 256
+"""Read handles kept open (least recently used go first): a big disk holds thousands of logs."""
+_SCAN_CHUNK = 1 << 20
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
+
+_FILE_NAME = re.compile(r"([0-9a-f]{8})\.log")
+
+
+class Location(NamedTuple):
+    """Where a record lies: its log, the offset of its header and its whole size."""
+
+    log_id: int
+    offset: int
+    size: int
+
+
+class LogRecord(NamedTuple):
+    """A record as `scan` finds it."""
+
+    location: Location
+    ledger_id: LedgerId
+    entry_id: int
+    crc32c: int
+    data: bytes
+
+
+def log_file_name(log_id: int) -> str:
+    return f"{log_id:08x}.log"
+
+
+def _file_header(log_id: int) -> bytes:
+    fields = _FILE_HEADER_FIELDS.pack(MAGIC, FORMAT_VERSION, log_id)
+    return fields + _U32.pack(crc32c(fields))
+
+
+def _header_problem(raw: bytes, log_id: int) -> str | None:
+    """Why `raw` is not the file header of log `log_id`, if it is not."""
+    if len(raw) < FILE_HEADER_SIZE:
+        return f"file header cut: {len(raw)} of {FILE_HEADER_SIZE} bytes"
+    if raw[:FILE_HEADER_SIZE] != _file_header(log_id):
+        magic, version, found_id = _FILE_HEADER_FIELDS.unpack_from(raw)
+        return (
+            f"bad file header (magic {magic!r}, version {version}, log id {found_id}; "
+            f"expected {MAGIC!r}, {FORMAT_VERSION}, {log_id}, and a matching CRC32C)"
+        )
+    return None
+
+
+@dataclass(slots=True)
+class _ReadHandle:
+    """An open log for preads; closed once unused after it left the table."""
+
+    fd: int
+    users: int = 0
+    retired: bool = False
+
+
+class EntryLog:
+    """The entry logs of one directory: a current log to append to, older ones to read."""
+
+    def __init__(self, directory: Path, *, size_limit: int = DEFAULT_LOG_SIZE_LIMIT) -> None:
+        if size_limit <= FILE_HEADER_SIZE:
+            raise BadRequest(f"entry log size limit {size_limit} must exceed {FILE_HEADER_SIZE}")
+        self.directory = directory
+        self.size_limit = size_limit
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            existing = self._scan_directory()
+        except OSError as error:
+            raise WriteFailed(f"cannot use entry log directory {directory}: {error}") from error
+        self._next_log_id = max(existing, default=-1) + 1
+        self._lock = threading.Lock()
+        # Writer state (changed by the writer thread, under the lock).
+        self._current: int | None = None
+        self._writer_fd = -1
+        self._written = 0
+        """Bytes of the current log already in its file (pwrite'd)."""
+        self._end = 0
+        """Bytes of the current log including the buffered ones: where the next record goes."""
+        self._pending: list[bytes] = []
+        """The buffered bytes, in file order: referenced, not copied (entries are `bytes`)."""
+        self._pending_records: dict[int, tuple[bytes, bytes]] = {}
+        """Header and entry bytes of each buffered record, by offset, for reads."""
+        self._needs_directory_sync = False
+        self._readers: OrderedDict[int, _ReadHandle] = OrderedDict()
+        self._closed = False
+
+    # -- writing (one writer thread) --------------------------------------------------
+
+    @property
+    def current_log_id(self) -> int | None:
+        """The log appends go to; None before the first append and after a failed write."""
+        return self._current
+
+    def append(self, ledger_id: LedgerId, entry_id: int, crc: int, data: bytes) -> Location:
+        """Buffer a record and say where it will be; durable only after `flush`."""
+        if not 0 <= entry_id < 2**63:
+            raise BadRequest(f"entry id {entry_id} of ledger {ledger_id} is outside 0..2^63-1")
+        if not 0 <= crc < 2**32:
+            raise BadRequest(f"CRC32C {crc} of entry {entry_id} of ledger {ledger_id} is not a u32")
+        if len(data) > MAX_ENTRY_SIZE:
+            raise BadRequest(
+                f"entry {entry_id} of ledger {ledger_id} has {len(data)} bytes; "
+                f"an entry log record holds at most {MAX_ENTRY_SIZE}"
+            )
+        data = bytes(data)
+        size = RECORD_HEADER_SIZE + len(data)
+        if self._current is None or (
+            self._end + size > self.size_limit and self._end > FILE_HEADER_SIZE
+        ):
+            self._roll()
+        header = _RECORD_HEADER.pack(len(data), crc, ledger_id.scope, ledger_id.id, entry_id)
+        current = self._current
+        assert current is not None
+        with self._lock:
+            offset = self._end
+            self._pending += (header, data) if data else (header,)
+            self._pending_records[offset] = (header, data)
+            self._end = offset + size
+        return Location(current, offset, size)
+
+    def flush(self) -> None:
+        """Write the buffer and fdatasync the current log: every appended record is durable.
+
+        On failure the buffered records are dropped and the next append starts a new log,
+        because after a failed write or fdatasync the file's state is unknown. The caller
+        appends those records again (the checkpoint keeps them until it succeeds).
+        """
+        current = self._current
+        if current is None:
+            return
+        path = self.directory / log_file_name(current)
+        try:
+            self._write_all(self._writer_fd, self._pending, self._written)
+            os.fdatasync(self._writer_fd)
+            if self._needs_directory_sync:
+                self._sync_directory()
+                self._needs_directory_sync = False
+        except OSError as error:
+            self._leave_current()
+            raise WriteFailed(
+                f"entry log {path}: write or fdatasync failed at offset {self._written}: {error}"
+            ) from error
+        with self._lock:
+            self._written = self._end
+            self._pending = []
+            self._pending_records = {}
+
+    def _roll(self) -> None:
+        if self._current is not None:
+            self.flush()
+            self._leave_current()
+        if self._next_log_id > MAX_LOG_ID:
+            raise WriteFailed(f"entry log ids are exhausted in {self.directory}")
+        log_id = self._next_log_id
+        path = self.directory / log_file_name(log_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise WriteFailed(f"cannot create entry log {path}: {error}") from error
+        self._next_log_id += 1
+        with self._lock:
+            self._current, self._writer_fd = log_id, fd
+            self._written, self._end = 0, FILE_HEADER_SIZE
+            self._pending = [_file_header(log_id)]
+        self._needs_directory_sync = True
+
+    @staticmethod
+    def _write_all(fd: int, buffers: list[bytes], offset: int) -> None:
+        """pwritev every buffer from `offset`: a system call per IOV_MAX buffers, no copy."""
+        parts: list[bytes | memoryview] = list(buffers)
+        start = 0
+        while start < len(parts):
+            written = os.pwritev(fd, parts[start : start + _IOV_MAX], offset)
+            offset += written
+            while start < len(parts) and written >= len(parts[start]):
+                written -= len(parts[start])
+                start += 1
+            if written:
+                parts[start] = memoryview(parts[start])[written:]
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _leave_current(self) -> None:
+        """Stop writing the current log; whatever is still buffered is dropped."""
+        with self._lock:
+            self._pending = []
+            self._pending_records = {}
+            self._current = None
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        if self._writer_fd >= 0:
+            # The data was fdatasync'ed or abandoned: a failing close loses nothing.
+            with contextlib.suppress(OSError):
+                os.close(self._writer_fd)
+            self._writer_fd = -1
+
+    # -- reading (any thread) ---------------------------------------------------------
+
+    def read(self, location: Location, ledger_id: LedgerId, entry_id: int) -> tuple[int, bytes]:
+        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact."""
+        log_id, offset, size = location
+        if not 0 <= log_id <= MAX_LOG_ID or offset < FILE_HEADER_SIZE or size < RECORD_HEADER_SIZE:
+            raise EntryUnreadable(
+                f"entry {entry_id} of ledger {ledger_id}: impossible location {tuple(location)}"
+            )
+        with self._lock:
+            raw = self._from_buffer(location)
+        if raw is None:
+            raw = self._pread(location, ledger_id, entry_id)
+        if len(raw) < size:
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: short read, "
+                f"{len(raw)} of {size} bytes"
+            )
+        length, crc, scope, ledger, entry = _RECORD_HEADER.unpack_from(raw)
+        if (
+            length != size - RECORD_HEADER_SIZE
+            or entry != entry_id
+            or ledger != ledger_id.id
+            or scope != ledger_id.scope
+        ):
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: the record header says "
+                f"{length} bytes of entry {entry} of ledger {LedgerId(scope, ledger)}, "
+                f"expected {size - RECORD_HEADER_SIZE} bytes"
+            )
+        data = raw[RECORD_HEADER_SIZE:]
+        actual = crc32c(data)
+        if actual != crc:
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: CRC32C of the {length} bytes "
+                f"is 0x{actual:08x}, stored 0x{crc:08x}: the bytes are corrupt"
+            )
+        return crc, data
+
+    def _where(self, location: Location, ledger_id: LedgerId, entry_id: int) -> str:
+        path = self.directory / log_file_name(location.log_id)
+        return (
+            f"entry {entry_id} of ledger {ledger_id} in entry log {path} "
+            f"at offset {location.offset}"
+        )
+
+    def _from_buffer(self, location: Location) -> bytes | None:
+        """The record's bytes if they are still in the write buffer (call under the lock)."""
+        if location.log_id != self._current or location.offset < self._written:
+            return None
+        record = self._pending_records.get(location.offset)
+        return b"" if record is None else record[0] + record[1]
+
+    def _pread(self, location: Location, ledger_id: LedgerId, entry_id: int) -> bytes:
+        handle = self._acquire(location, ledger_id, entry_id)
+        try:
+            return os.pread(handle.fd, location.size, location.offset)
+        except OSError as error:
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
+            ) from error
+        finally:
+            self._release(handle)
+
+    def _acquire(self, location: Location, ledger_id: LedgerId, entry_id: int) -> _ReadHandle:
+        log_id = location.log_id
+        with self._lock:
+            handle = self._readers.get(log_id)
+            if handle is not None:
+                self._readers.move_to_end(log_id)
+                handle.users += 1
+                return handle
+        try:
+            fd = self._open_for_reading(log_id)
+        except EntryUnreadable as error:
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: {error}"
+            ) from error
+        with self._lock:
+            handle = self._readers.get(log_id)
+            if handle is None:
+                handle = self._readers[log_id] = _ReadHandle(fd)
+                self._evict()
+            else:
+                os.close(fd)
+            handle.users += 1
+            return handle
+
+    def _release(self, handle: _ReadHandle) -> None:
+        with self._lock:
+            handle.users -= 1
+            if handle.retired and handle.users == 0:
+                os.close(handle.fd)
+
+    def _evict(self) -> None:
+        """Close the least recently used idle handles beyond MAX_OPEN_LOGS (under the lock)."""
+        for log_id in list(self._readers)[: max(0, len(self._readers) - MAX_OPEN_LOGS)]:
+            if self._readers[log_id].users == 0:
+                self._retire(log_id)
+
+    def _retire(self, log_id: int) -> None:
+        """Drop a handle from the table; it closes now, or when its last reader is done."""
+        handle = self._readers.pop(log_id, None)
+        if handle is None:
+            return
+        handle.retired = True
+        if handle.users == 0:
+            os.close(handle.fd)
+
+    def _open_for_reading(self, log_id: int) -> int:
+        """An fd of the log, its file header checked; EntryUnreadable saying why not."""
+        try:
+            fd = os.open(self.directory / log_file_name(log_id), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            raise EntryUnreadable(f"cannot open the log: {error}") from error
+        try:
+            problem = _header_problem(os.pread(fd, FILE_HEADER_SIZE, 0), log_id)
+        except OSError as error:
+            problem = f"cannot read the file header: {error}"
+        if problem is not None:
+            os.close(fd)
+            raise EntryUnreadable(problem)
+        return fd
+
+    def scan(self, log_id: int) -> Iterator[LogRecord]:
+        """Every record written to the file of log `log_id`, in file order, each verified.
+
+        For rebuilding an index and for garbage collection, which check each record against
+        the index. A record that is cut or fails its CRC32C raises EntryUnreadable naming the
+        file and offset (after the good records before it were yielded): the caller decides
+        whether that is a crash's torn tail (end of the last log) or damage. Records still
+        in the write buffer are not in the file yet and are not scanned.
+        """
+        path = self.directory / log_file_name(log_id)
+        try:
+            with open(path, "rb", buffering=_SCAN_CHUNK) as file:
+                problem = _header_problem(file.read(FILE_HEADER_SIZE), log_id)
+                if problem is not None:
+                    raise EntryUnreadable(f"entry log {path}: {problem}")
+                offset = FILE_HEADER_SIZE
+                while header := file.read(RECORD_HEADER_SIZE):
+                    where = f"entry log {path}: record at offset {offset}"
+                    if len(header) < RECORD_HEADER_SIZE:
+                        raise EntryUnreadable(f"{where} is cut inside its header")
+                    length, crc, scope, ledger, entry = _RECORD_HEADER.unpack(header)
+                    data = file.read(length)
+                    if len(data) < length:
+                        raise EntryUnreadable(f"{where} is cut: {len(data)} of {length} bytes")
+                    if crc32c(data) != crc or entry < 0:
+                        raise EntryUnreadable(
+                            f"{where} (entry {entry} of ledger {LedgerId(scope, ledger)}, "
+                            f"{length} bytes) is corrupt: its CRC32C or entry id is wrong"
+                        )
+                    size = RECORD_HEADER_SIZE + length
+                    yield LogRecord(
+                        Location(log_id, offset, size), LedgerId(scope, ledger), entry, crc, data
+                    )
+                    offset += size
+        except OSError as error:
+            raise EntryUnreadable(f"entry log {path}: cannot scan: {error}") from error
+
+    # -- housekeeping ---------------------------------------------------------------
+
+    def log_ids(self) -> list[int]:
+        """The ids of the logs in the directory, ascending (the current one once flushed)."""
+        try:
+            return sorted(self._scan_directory())
+        except OSError as error:
+            raise EntryUnreadable(f"cannot list entry logs in {self.directory}: {error}") from error
+
+    def _scan_directory(self) -> list[int]:
+        return [
+            int(match.group(1), 16)
+            for name in os.listdir(self.directory)
+            if (match := _FILE_NAME.fullmatch(name))
+        ]
+
+    def delete_log(self, log_id: int) -> None:
+        """Remove a log file (garbage collection, once nothing the index holds is in it)."""
+        if log_id == self._current:
+            raise IllegalOperation(f"entry log {log_id} is the current log; it cannot be deleted")
+        with self._lock:
+            self._retire(log_id)
+        path = self.directory / log_file_name(log_id)
+        try:
+            path.unlink()
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                raise WriteFailed(f"cannot delete entry log {path}: {error}") from error
+
+    def close(self) -> None:
+        """Flush what is buffered and close every file. Reads must have stopped."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._close_writer()
+            with self._lock:
+                for log_id in list(self._readers):
+                    self._retire(log_id)

@@ -1,0 +1,337 @@
+"""The entry index and per-ledger state, in RocksDB (rocksdict), as docs/index-engine.md chose.
+
+Column families, all in raw mode, keys big-endian so that byte order is numeric order:
+
+    default   (scope u64, ledger u64, entry id u64)  ->  (log id u32, offset u64, size u32)
+    ledgers   (scope u64, ledger u64)                ->  LedgerState, 74 bytes
+    meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
+
+Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
+states and the journal mark become visible, and survive a crash, together. Batches are
+written unsynced with the write-ahead log on; `sync` (flush_wal with fsync) makes all of
+them durable at once: a few ms, with the GIL released. Never a sync=True write, which
+would fsync holding the GIL.
+
+Errors: a failed or corrupt read is `EntryUnreadable` (an index that cannot be read must
+never be taken for an index without the entry), a failed write is `WriteFailed`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
+from pathlib import Path
+from typing import Self, cast
+
+import numpy as np
+import numpy.typing as npt
+import rocksdict
+
+from tally.bookie.entry_log import Location
+from tally.core.errors import (
+    BadRequest,
+    EntryUnreadable,
+    IllegalOperation,
+    TallyError,
+    WriteFailed,
+)
+from tally.core.ids import LedgerId
+
+Int64Array = npt.NDArray[np.int64]
+
+_ENTRY_KEY = struct.Struct(">QQQ")
+_LEDGER_KEY = struct.Struct(">QQ")
+_LOCATION = struct.Struct(">IQI")
+_STATE = struct.Struct(">BB32sqqqQQ")
+_STATE_VERSION = 1
+_FENCED = 0x01
+_HAS_MASTER_KEY = 0x02
+MASTER_KEY_SIZE = 32
+_LEDGERS = "ledgers"
+_META = "meta"
+_JOURNAL_MARK = b"journal_mark"
+_PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
+_SCAN_CHUNK = 1 << 16
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """What a bookie keeps of a ledger besides its entries.
+
+    Mutable on purpose: ledger storage updates it on every add (the piggy-backed LAC), under
+    its lock. `last_entry` is the highest entry id ever indexed (-1: none), an upper bound
+    after entries were forgotten: a checkpoint counts an entry above it as new without an
+    index lookup. `entry_count` and `byte_count` (entry bytes) describe the index exactly.
+    """
+
+    master_key: bytes | None = None
+    fenced: bool = False
+    explicit_lac: int = -1
+    piggyback_lac: int = -1
+    last_entry: int = -1
+    entry_count: int = 0
+    byte_count: int = 0
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The highest LAC seen, piggy-backed on an add or set explicitly (-1: none)."""
+        return max(self.explicit_lac, self.piggyback_lac)
+
+    def copy(self) -> LedgerState:
+        return replace(self)
+
+    def to_bytes(self) -> bytes:
+        flags = (_FENCED if self.fenced else 0) | (_HAS_MASTER_KEY if self.master_key else 0)
+        return _STATE.pack(
+            _STATE_VERSION,
+            flags,
+            self.master_key or bytes(MASTER_KEY_SIZE),
+            self.explicit_lac,
+            self.piggyback_lac,
+            self.last_entry,
+            self.entry_count,
+            self.byte_count,
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, ledger_id: LedgerId) -> Self:
+        """Decode a stored state; anything else is EntryUnreadable (the index is damaged)."""
+        where = f"index: state of ledger {ledger_id}"
+        if len(raw) != _STATE.size:
+            raise EntryUnreadable(f"{where} has {len(raw)} bytes, not {_STATE.size}")
+        version, flags, key, explicit, piggyback, last, count, size = _STATE.unpack(raw)
+        if version != _STATE_VERSION:
+            raise EntryUnreadable(f"{where} has unknown version {version}")
+        if flags & ~(_FENCED | _HAS_MASTER_KEY):
+            raise EntryUnreadable(f"{where} has unknown flags 0x{flags:02x}")
+        if not flags & _HAS_MASTER_KEY and key.count(0) != MASTER_KEY_SIZE:
+            raise EntryUnreadable(f"{where} has master key bytes but no master key flag")
+        if min(explicit, piggyback, last) < -1:
+            raise EntryUnreadable(
+                f"{where} has impossible ids: explicit LAC {explicit}, "
+                f"piggy-backed LAC {piggyback}, last entry {last}"
+            )
+        return cls(
+            key if flags & _HAS_MASTER_KEY else None,
+            bool(flags & _FENCED),
+            explicit,
+            piggyback,
+            last,
+            count,
+            size,
+        )
+
+
+def _ledger_key(ledger_id: LedgerId) -> bytes:
+    return _LEDGER_KEY.pack(ledger_id.scope, ledger_id.id)
+
+
+def _entry_range(ledger_id: LedgerId) -> tuple[bytes, bytes]:
+    """[lo, hi) of the ledger's entry keys."""
+    following = (ledger_id.scope << 64 | ledger_id.id) + 1
+    hi = (
+        _ENTRY_KEY.pack(following >> 64, following & (2**64 - 1), 0)
+        if following < 2**128
+        else _PAST_EVERY_KEY
+    )
+    return _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, 0), hi
+
+
+def _bounded(upper: bytes) -> rocksdict.ReadOptions:
+    options = rocksdict.ReadOptions()
+    options.set_iterate_upper_bound(upper)
+    return options
+
+
+def _location(raw: bytes, ledger_id: LedgerId, entry_id: int) -> Location:
+    if len(raw) != _LOCATION.size:
+        raise EntryUnreadable(
+            f"index: location of entry {entry_id} of ledger {ledger_id} has {len(raw)} bytes, "
+            f"not {_LOCATION.size}: the index is damaged"
+        )
+    return Location._make(_LOCATION.unpack(raw))
+
+
+class IndexBatch:
+    """Index changes that become visible and durable together (one RocksDB WriteBatch)."""
+
+    def __init__(self, index: Index) -> None:
+        self._batch = rocksdict.WriteBatch(raw_mode=True)
+        self._index = index
+        """Its column family handles are looked up when used: a batch must not keep them,
+        or the DB would stay locked after `close`."""
+
+    def __len__(self) -> int:
+        return self._batch.len()
+
+    def put_location(self, ledger_id: LedgerId, entry_id: int, location: Location) -> None:
+        self._batch.put(
+            _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id), _LOCATION.pack(*location)
+        )
+
+    def delete_entry(self, ledger_id: LedgerId, entry_id: int) -> None:
+        self._batch.delete(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id))
+
+    def put_state(self, ledger_id: LedgerId, state: LedgerState) -> None:
+        self._batch.put(_ledger_key(ledger_id), state.to_bytes(), self._index._ledgers_handle)
+
+    def delete_ledger(self, ledger_id: LedgerId) -> None:
+        """Every entry of the ledger (one range tombstone) and its state."""
+        self._batch.delete_range(*_entry_range(ledger_id))
+        self._batch.delete(_ledger_key(ledger_id), self._index._ledgers_handle)
+
+    def put_journal_mark(self, mark: bytes) -> None:
+        self._batch.put(_JOURNAL_MARK, bytes(mark), self._index._meta_handle)
+
+
+class Index:
+    """The bookie's index; `open_read_only` gives admin tools a view of a live one.
+
+    Thread-safe as RocksDB is: reads from any thread beside one writer. A read-only
+    instance sees the index as it was when opened.
+    """
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._closed = False
+        options = rocksdict.Options(raw_mode=True)
+        families = {
+            _LEDGERS: rocksdict.Options(raw_mode=True),
+            _META: rocksdict.Options(raw_mode=True),
+        }
+        try:
+            if read_only:
+                if not (path / "CURRENT").is_file():
+                    raise BadRequest(f"there is no index at {path}")
+                access = rocksdict.AccessType.read_only(False)
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                options.create_if_missing(True)
+                options.create_missing_column_families(True)
+                access = rocksdict.AccessType.read_write()
+            self._db = rocksdict.Rdict(str(path), options, families, access)
+            self._ledgers_db = self._db.get_column_family(_LEDGERS)
+            self._meta_db = self._db.get_column_family(_META)
+            self._ledgers_handle = self._db.get_column_family_handle(_LEDGERS)
+            self._meta_handle = self._db.get_column_family_handle(_META)
+        except TallyError:
+            raise
+        except Exception as error:
+            failure = EntryUnreadable if read_only else WriteFailed
+            raise failure(f"cannot open the index at {path}: {error}") from error
+
+    @classmethod
+    def open_read_only(cls, path: Path) -> Index:
+        """Open without writing or locking: works while the bookie has the index open."""
+        return cls(path, read_only=True)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def location(self, ledger_id: LedgerId, entry_id: int) -> Location | None:
+        key = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id)
+        try:
+            raw = self._db.get(key)
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the location of entry {entry_id} of ledger {ledger_id}: "
+                f"{error}"
+            ) from error
+        return None if raw is None else _location(raw, ledger_id, entry_id)
+
+    def last_entry(self, ledger_id: LedgerId) -> int | None:
+        """The highest entry id the index holds for the ledger."""
+        prefix = _ledger_key(ledger_id)
+        try:
+            cursor = self._db.iter()
+            cursor.seek_for_prev(prefix + b"\xff" * 8)
+            key = cursor.key() if cursor.valid() else None
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot scan ledger {ledger_id}: {error}") from error
+        if key is None or key[: len(prefix)] != prefix:
+            return None
+        return int(_ENTRY_KEY.unpack(key)[2])
+
+    def entries_of(self, ledger_id: LedgerId) -> Int64Array:
+        """The ledger's entry ids, ascending: an ordered prefix scan, for EntryAvailability."""
+        lo, hi = _entry_range(ledger_id)
+        chunks = []
+        try:
+            keys = cast(Iterator[bytes], self._db.keys(from_key=lo, read_opt=_bounded(hi)))
+            while chunk := b"".join(islice(keys, _SCAN_CHUNK)):
+                chunks.append(np.frombuffer(chunk, dtype=">u8")[2::3].astype(np.int64))
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot scan ledger {ledger_id}: {error}") from error
+        return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
+
+    def ledgers(self, after: LedgerId | None = None) -> Iterator[LedgerId]:
+        """Every ledger with a state, ascending, starting after `after`."""
+        start = None if after is None else _ledger_key(after) + b"\x00"
+        try:
+            for key in cast(Iterator[bytes], self._ledgers_db.keys(from_key=start)):
+                yield LedgerId(*_LEDGER_KEY.unpack(key))
+        except TallyError:
+            raise
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot list ledgers: {error}") from error
+
+    def ledger_state(self, ledger_id: LedgerId) -> LedgerState | None:
+        key = _ledger_key(ledger_id)
+        try:
+            raw = self._ledgers_db.get(key)
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the state of ledger {ledger_id}: {error}"
+            ) from error
+        return None if raw is None else LedgerState.from_bytes(raw, ledger_id)
+
+    def journal_mark(self) -> bytes | None:
+        """The journal mark of the last checkpoint written, if any."""
+        try:
+            raw = self._meta_db.get(_JOURNAL_MARK)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the journal mark: {error}") from error
+        return None if raw is None else bytes(raw)
+
+    # -- writes ---------------------------------------------------------------------
+
+    def batch(self) -> IndexBatch:
+        self._writable()
+        return IndexBatch(self)
+
+    def write(self, batch: IndexBatch) -> None:
+        """Apply a batch atomically, unsynced (durable at the next `sync`)."""
+        self._writable()
+        try:
+            self._db.write(batch._batch)
+        except Exception as error:
+            raise WriteFailed(f"index {self.path}: batch write failed: {error}") from error
+
+    def sync(self) -> None:
+        """Make every batch written so far durable (fsync of the write-ahead log)."""
+        self._writable()
+        try:
+            self._db.flush_wal(True)
+        except Exception as error:
+            raise WriteFailed(f"index {self.path}: syncing the WAL failed: {error}") from error
+
+    def _writable(self) -> None:
+        if self._closed:
+            raise IllegalOperation(f"index {self.path} is closed")
+        if self.read_only:
+            raise IllegalOperation(f"index {self.path} is open read-only")
+
+    def close(self) -> None:
+        """Close the DB. Its lock goes only when every handle to it is gone, hence the dels."""
+        if self._closed:
+            return
+        self._closed = True
+        del self._ledgers_handle, self._meta_handle
+        try:
+            self._ledgers_db.close()
+            self._meta_db.close()
+            self._db.close()
+        except Exception as error:
+            raise WriteFailed(f"index {self.path}: close failed: {error}") from error

@@ -1,0 +1,631 @@
+"""Ledger storage: a write cache, interleaved entry logs and an index, as BookKeeper's
+DbLedgerStorage arranges them.
+
+Adds go into an in-memory write cache; durability is the journal's job until a checkpoint.
+`checkpoint(mark)` (in a worker thread) swaps in a fresh cache, so adds continue, appends
+the old one's entries to the entry log sorted by (ledger, entry), fdatasyncs the log, then
+writes the locations, the changed ledger states and the journal mark in one index batch and
+syncs the index's WAL. Once it returns, every journal record before `mark` is in storage
+and the journal may let its files go. After a crash the bookie replays the journal from
+`last_checkpoint_mark()`: every write operation here is idempotent.
+
+Re-adding an entry replaces it (last write wins), as in BookKeeper. Recovery and the
+replication worker re-add entries a bookie may already hold; the bytes can differ only in
+what the writer wraps around the payload (a recovery client piggy-backs its own LAC), both
+copies are valid and checksummed end to end, and only a replacing re-add can repair a copy
+that rotted on disk. So the newest verified copy wins.
+
+Reads: the write caches first, then the index and the entry log. An entry the index holds
+but whose bytes cannot be read or fail their CRC32C is `EntryUnreadable`, never
+`NoSuchEntry` (seed 003). `NoSuchLedger` only when nothing is known of the ledger.
+
+Threads. The bookie calls everything from its event loop thread except `checkpoint`,
+`delete_ledger` and `forget_entries`, which it runs in one worker thread (they hold
+`_maintenance` for their whole run, so they never overlap). One short lock, `_lock`, guards
+the caches and the ledger states: an add holds it for a few dict operations; a checkpoint
+for the swap, for encoding the changed states, and for the index write plus the drop of
+the old cache, so a reader sees an entry either in a cache or in the index, never in
+neither. rocksdict holds the GIL during that write anyway, so the lock costs the event loop
+nothing more. The entry log append, its fdatasync and the index sync run without it.
+Called on the event loop, the maintenance calls would block it for up to a checkpoint.
+
+Memory: the write caches, and the state (a few hundred bytes) of every ledger touched since
+start-up. An AVAILABILITY_DUMP holds one ledger's entry ids at a time.
+
+A directory with entry logs but no index is refused at start-up: an empty index would
+answer NoSuchEntry for every entry the bookie ever acknowledged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from tally.bookie.entry_log import (
+    DEFAULT_LOG_SIZE_LIMIT,
+    RECORD_HEADER_SIZE,
+    EntryLog,
+)
+from tally.bookie.index import MASTER_KEY_SIZE, Index, IndexBatch, Int64Array, LedgerState
+from tally.core.availability import EntryAvailability
+from tally.core.digest import crc32c as compute_crc32c
+from tally.core.errors import (
+    BadDigest,
+    BadRequest,
+    EntryUnreadable,
+    IllegalOperation,
+    NoSuchEntry,
+    NoSuchLedger,
+    Unauthorized,
+)
+from tally.core.ids import LedgerId
+from tally.core.protocol import LedgerInfo
+
+LAST_ENTRY = -1
+"""The entry id that reads the highest entry the bookie holds (BookKeeper's LAST_ADD_CONFIRMED
+read, which answers with the last entry stored)."""
+MAX_ENTRY_ID = 2**63 - 1
+DEFAULT_AVAILABILITY_BATCH = 1000
+
+_Stored = tuple[int, bytes]
+"""(CRC32C, entry bytes)."""
+
+
+class _WriteCache:
+    """Entries added since the last checkpoint, by ledger; the newest add of an id wins."""
+
+    __slots__ = ("_entries", "_last", "byte_count", "entry_count")
+
+    def __init__(self) -> None:
+        self._entries: dict[LedgerId, dict[int, _Stored]] = {}
+        self._last: dict[LedgerId, int] = {}
+        self.entry_count = 0
+        self.byte_count = 0
+
+    def put(self, ledger_id: LedgerId, entry_id: int, stored: _Stored) -> None:
+        entries = self._entries.get(ledger_id)
+        if entries is None:
+            entries = self._entries[ledger_id] = {}
+            self._last[ledger_id] = entry_id
+        elif entry_id > self._last[ledger_id]:
+            self._last[ledger_id] = entry_id
+        previous = entries.get(entry_id)
+        if previous is None:
+            self.entry_count += 1
+        else:
+            self.byte_count -= len(previous[1])
+        entries[entry_id] = stored
+        self.byte_count += len(stored[1])
+
+    def get(self, ledger_id: LedgerId, entry_id: int) -> _Stored | None:
+        entries = self._entries.get(ledger_id)
+        return None if entries is None else entries.get(entry_id)
+
+    def last_entry(self, ledger_id: LedgerId) -> int | None:
+        return self._last.get(ledger_id)
+
+    def ledgers(self) -> list[LedgerId]:
+        return sorted(self._entries)
+
+    def entries(self, ledger_id: LedgerId) -> dict[int, _Stored]:
+        return self._entries.get(ledger_id, {})
+
+    def drop_ledger(self, ledger_id: LedgerId) -> None:
+        entries = self._entries.pop(ledger_id, {})
+        self._last.pop(ledger_id, None)
+        self.entry_count -= len(entries)
+        self.byte_count -= sum(len(data) for _, data in entries.values())
+
+    def drop_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> None:
+        entries = self._entries.get(ledger_id)
+        if entries is None:
+            return
+        for entry_id in entry_ids:
+            dropped = entries.pop(entry_id, None)
+            if dropped is not None:
+                self.entry_count -= 1
+                self.byte_count -= len(dropped[1])
+        if entries:
+            self._last[ledger_id] = max(entries)
+        else:
+            self.drop_ledger(ledger_id)
+
+    def absorb(self, newer: _WriteCache) -> None:
+        """Take in `newer`'s entries over these (to put back a cache a checkpoint failed on)."""
+        for ledger_id, entries in newer._entries.items():
+            for entry_id, stored in entries.items():
+                self.put(ledger_id, entry_id, stored)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStorageStats:
+    """Counters for the bookie's metrics, since the storage was opened."""
+
+    entries_added: int
+    bytes_added: int
+    entries_read: int
+    read_errors: int
+    cache_entries: int
+    cache_bytes: int
+    checkpoints: int
+    entries_checkpointed: int
+    last_checkpoint_seconds: float
+    checkpoint_seconds_total: float
+
+
+@dataclass(slots=True)
+class _Counters:
+    entries_added: int = 0
+    bytes_added: int = 0
+    entries_read: int = 0
+    read_errors: int = 0
+    checkpoints: int = 0
+    entries_checkpointed: int = 0
+    last_checkpoint_seconds: float = 0.0
+    checkpoint_seconds_total: float = 0.0
+
+
+class LedgerStorage:
+    """The bookie's ledger storage in `directory` (entry logs in `logs/`, index in `index/`)."""
+
+    def __init__(self, directory: Path, *, log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT) -> None:
+        self.directory = directory
+        self._log = EntryLog(directory / "logs", size_limit=log_size_limit)
+        if not (directory / "index").exists() and self._log.log_ids():
+            # The index is created before any log: its absence means it was lost, and an
+            # empty one would answer NoSuchEntry for every entry the bookie acknowledged.
+            raise IllegalOperation(
+                f"{directory} holds entry logs but no index; refusing to start with an empty "
+                "index (restore it, or decommission this bookie's data)"
+            )
+        self._index = Index(directory / "index")
+        self._lock = threading.Lock()
+        self._maintenance = threading.Lock()
+        self._cache = _WriteCache()
+        self._flushing: _WriteCache | None = None
+        """The cache a running checkpoint is writing out; still served to readers."""
+        self._states: dict[LedgerId, LedgerState] = {}
+        """Every ledger touched since start-up (loaded on first use, never evicted)."""
+        self._dirty: set[LedgerId] = set()
+        """Ledgers whose state changed since the last checkpoint took its snapshot."""
+        self._counters = _Counters()
+
+    # -- writes (event loop) --------------------------------------------------------
+
+    def add_entry(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        crc32c: int,
+        data: bytes | bytearray | memoryview,
+        last_add_confirmed: int,
+    ) -> None:
+        """Store an entry (in the write cache) and the LAC its writer piggy-backed on it.
+
+        `crc32c` is the client's CRC32C of `data`; a mismatch is BadDigest, so call this
+        before journaling the add. `data` is copied: the caller may reuse its buffer.
+        """
+        _check_entry_id(entry_id, ledger_id)
+        _check_lac(last_add_confirmed, ledger_id)
+        stored = bytes(data)
+        actual = compute_crc32c(stored)
+        if actual != crc32c:
+            raise BadDigest(
+                f"entry {entry_id} of ledger {ledger_id}: CRC32C of the {len(stored)} bytes is "
+                f"0x{actual:08x}, the client sent 0x{crc32c & 0xFFFFFFFF:08x}"
+            )
+        with self._lock:
+            state = self._touch(ledger_id)
+            if last_add_confirmed > state.piggyback_lac:
+                state.piggyback_lac = last_add_confirmed
+            self._dirty.add(ledger_id)
+            self._cache.put(ledger_id, entry_id, (crc32c, stored))
+            self._counters.entries_added += 1
+            self._counters.bytes_added += len(stored)
+
+    def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
+        """Record the ledger's master key; the first one stays, a different one is refused."""
+        if not isinstance(master_key, bytes) or len(master_key) != MASTER_KEY_SIZE:
+            raise BadRequest(
+                f"ledger {ledger_id}: a master key is {MASTER_KEY_SIZE} bytes, "
+                f"got {len(master_key) if isinstance(master_key, bytes) else master_key!r}"
+            )
+        with self._lock:
+            state = self._touch(ledger_id)
+            if state.master_key is None:
+                state.master_key = master_key
+                self._dirty.add(ledger_id)
+            elif state.master_key != master_key:
+                raise Unauthorized(f"ledger {ledger_id}: the master key does not match")
+
+    def set_fenced(self, ledger_id: LedgerId) -> bool:
+        """Fence the ledger, known or not (a fencing read records the fence either way).
+
+        Returns whether it was fenced already. Durable at the next checkpoint: the bookie
+        journals the fence before answering.
+        """
+        with self._lock:
+            state = self._touch(ledger_id)
+            was_fenced = state.fenced
+            if not was_fenced:
+                state.fenced = True
+                self._dirty.add(ledger_id)
+            return was_fenced
+
+    def set_explicit_lac(self, ledger_id: LedgerId, last_add_confirmed: int) -> None:
+        """Record an explicit LAC (WRITE_LAC); the highest one seen is kept."""
+        _check_lac(last_add_confirmed, ledger_id)
+        with self._lock:
+            state = self._touch(ledger_id)
+            if last_add_confirmed > state.explicit_lac:
+                state.explicit_lac = last_add_confirmed
+                self._dirty.add(ledger_id)
+
+    # -- reads (event loop) ---------------------------------------------------------
+
+    def get_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, bytes]:
+        """(CRC32C, bytes) of the entry; LAST_ENTRY (-1) reads the highest one held."""
+        _check_ledger_id(ledger_id)
+        if entry_id == LAST_ENTRY:
+            entry_id = self._last_entry(ledger_id)
+        else:
+            _check_entry_id(entry_id, ledger_id)
+        with self._lock:
+            stored = self._cache.get(ledger_id, entry_id)
+            if stored is None and self._flushing is not None:
+                stored = self._flushing.get(ledger_id, entry_id)
+            self._counters.entries_read += 1
+        if stored is not None:
+            return stored
+        try:
+            location = self._index.location(ledger_id, entry_id)
+            if location is not None:
+                return self._log.read(location, ledger_id, entry_id)
+        except EntryUnreadable:
+            with self._lock:
+                self._counters.read_errors += 1
+            raise
+        if not self._known(ledger_id):
+            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+        raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
+
+    def _last_entry(self, ledger_id: LedgerId) -> int:
+        with self._lock:
+            cached = [
+                last
+                for cache in (self._cache, self._flushing)
+                if cache is not None and (last := cache.last_entry(ledger_id)) is not None
+            ]
+        indexed = self._index.last_entry(ledger_id)
+        highest = max([*cached, -1 if indexed is None else indexed])
+        if highest >= 0:
+            return highest
+        if not self._known(ledger_id):
+            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+        raise NoSuchEntry(f"ledger {ledger_id} has no entries on this bookie")
+
+    def master_key(self, ledger_id: LedgerId) -> bytes | None:
+        """The ledger's master key (None if the ledger is only known from a fence)."""
+        return self._snapshot(ledger_id).master_key
+
+    def is_fenced(self, ledger_id: LedgerId) -> bool:
+        return self._snapshot(ledger_id).fenced
+
+    def last_add_confirmed(self, ledger_id: LedgerId) -> int:
+        """max(piggy-backed LACs of the adds, explicit LAC); -1 if the ledger has seen none."""
+        return self._snapshot(ledger_id).last_add_confirmed
+
+    def ledger_info(self, ledger_id: LedgerId) -> LedgerInfo:
+        """LEDGER_INFO: fenced, LAC, and the entries and entry bytes the bookie holds."""
+        with self._lock:
+            state = self._find(ledger_id)
+            if state is None:
+                raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+            sizes = {
+                entry_id: len(data)
+                for cache in (self._flushing, self._cache)
+                if cache is not None
+                for entry_id, (_, data) in cache.entries(ledger_id).items()
+            }
+            # Under the lock: a checkpoint finishing meanwhile would move cached entries
+            # into the index and the counts, and they would be counted twice or not at all.
+            entry_count, byte_count = state.entry_count, state.byte_count
+            for entry_id, size in sizes.items():
+                entry_count, byte_count = self._counted(
+                    ledger_id, entry_id, size, state.last_entry, entry_count, byte_count
+                )
+            return LedgerInfo(state.fenced, state.last_add_confirmed, entry_count, byte_count)
+
+    def availability(self, ledger_id: LedgerId) -> EntryAvailability:
+        """GET_LIST_OF_ENTRIES_OF_LEDGER: the entries the index and the write caches hold."""
+        _check_ledger_id(ledger_id)
+        with self._lock:
+            cached = [
+                np.fromiter(cache.entries(ledger_id), dtype=np.int64)
+                for cache in (self._cache, self._flushing)
+                if cache is not None
+            ]
+        indexed = self._index.entries_of(ledger_id)
+        if not indexed.size and not any(ids.size for ids in cached) and not self._known(ledger_id):
+            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+        return EntryAvailability.from_entries(_merged(indexed, *cached))
+
+    def iter_availability(
+        self, batch_ledgers: int = DEFAULT_AVAILABILITY_BATCH
+    ) -> Iterator[tuple[LedgerId, EntryAvailability]]:
+        """AVAILABILITY_DUMP: every ledger with its availability, ascending, in bounded memory.
+
+        The index is read `batch_ledgers` ledger ids at a time, and entry ids one ledger at
+        a time. Ledgers deleted during the walk are left out; ledgers added during it may
+        or may not appear.
+        """
+        if batch_ledgers < 1:
+            raise BadRequest(f"batch_ledgers must be at least 1, got {batch_ledgers}")
+        with self._lock:
+            in_memory = sorted(self._states)
+        after: LedgerId | None = None
+        while True:
+            batch = []
+            for ledger_id in self._index.ledgers(after):
+                batch.append(ledger_id)
+                if len(batch) == batch_ledgers:
+                    break
+            exhausted = len(batch) < batch_ledgers
+            lo = 0 if after is None else bisect.bisect_right(in_memory, after)
+            hi = len(in_memory) if exhausted else bisect.bisect_right(in_memory, batch[-1])
+            for ledger_id in sorted({*batch, *in_memory[lo:hi]}):
+                try:
+                    yield ledger_id, self.availability(ledger_id)
+                except NoSuchLedger:
+                    continue
+            if exhausted:
+                return
+            after = batch[-1]
+
+    def last_checkpoint_mark(self) -> bytes | None:
+        """The journal mark of the last checkpoint: replay the journal from here at start-up."""
+        return self._index.journal_mark()
+
+    def stats(self) -> LedgerStorageStats:
+        with self._lock:
+            counters = self._counters
+            caches = [cache for cache in (self._cache, self._flushing) if cache is not None]
+            return LedgerStorageStats(
+                entries_added=counters.entries_added,
+                bytes_added=counters.bytes_added,
+                entries_read=counters.entries_read,
+                read_errors=counters.read_errors,
+                cache_entries=sum(cache.entry_count for cache in caches),
+                cache_bytes=sum(cache.byte_count for cache in caches),
+                checkpoints=counters.checkpoints,
+                entries_checkpointed=counters.entries_checkpointed,
+                last_checkpoint_seconds=counters.last_checkpoint_seconds,
+                checkpoint_seconds_total=counters.checkpoint_seconds_total,
+            )
+
+    # -- maintenance (one worker thread) --------------------------------------------
+
+    def checkpoint(self, journal_mark: bytes) -> None:
+        """Make everything added so far durable in storage, with `journal_mark` beside it.
+
+        Take the mark after every add it covers has been passed to `add_entry` (add to
+        storage before or while journaling, as BookKeeper does). On an error (WriteFailed)
+        nothing is lost: the entries stay in the write cache for the next attempt, and the
+        previous mark stays the durable one.
+        """
+        with self._maintenance:
+            started = time.monotonic()
+            with self._lock:
+                flushing, self._flushing = self._cache, self._cache
+                self._cache = _WriteCache()
+                dirty, self._dirty = self._dirty, set()
+            try:
+                batch = self._index.batch()
+                totals = self._append_entries(flushing, batch)
+                with self._lock:
+                    for ledger_id in sorted(dirty | totals.keys()):
+                        state = self._states[ledger_id]
+                        if ledger_id in totals:
+                            state = _with_totals(state.copy(), totals[ledger_id])
+                        batch.put_state(ledger_id, state)
+                    batch.put_journal_mark(journal_mark)
+                    self._index.write(batch)
+                    for ledger_id, ledger_totals in totals.items():
+                        _with_totals(self._states[ledger_id], ledger_totals)
+                    self._flushing = None
+            except BaseException:
+                with self._lock:
+                    if self._flushing is not None:
+                        flushing.absorb(self._cache)
+                        self._cache, self._flushing = flushing, None
+                    self._dirty |= dirty
+                raise
+            self._index.sync()
+            elapsed = time.monotonic() - started
+            with self._lock:
+                self._counters.checkpoints += 1
+                self._counters.entries_checkpointed += flushing.entry_count
+                self._counters.last_checkpoint_seconds = elapsed
+                self._counters.checkpoint_seconds_total += elapsed
+
+    def _append_entries(self, cache: _WriteCache, batch: IndexBatch) -> dict[LedgerId, _Totals]:
+        """Append the cache to the entry log, sorted, and fdatasync it; put the locations.
+
+        Returns each ledger's totals for its state. Only maintenance (one at a time) changes
+        a state's totals, so they are read here without the lock.
+        """
+        totals = {}
+        for ledger_id in cache.ledgers():
+            state = self._states[ledger_id]
+            bound, count, size = state.last_entry, state.entry_count, state.byte_count
+            entries = cache.entries(ledger_id)
+            entry_ids = sorted(entries)
+            for entry_id in entry_ids:
+                crc, data = entries[entry_id]
+                batch.put_location(
+                    ledger_id, entry_id, self._log.append(ledger_id, entry_id, crc, data)
+                )
+                count, size = self._counted(ledger_id, entry_id, len(data), bound, count, size)
+            totals[ledger_id] = _Totals(max(bound, entry_ids[-1]), count, size)
+        self._log.flush()
+        return totals
+
+    def _counted(
+        self, ledger_id: LedgerId, entry_id: int, size: int, bound: int, count: int, total: int
+    ) -> tuple[int, int]:
+        """(count, bytes) after storing `size` bytes as the entry: new, or replacing one.
+
+        Entries above `bound` (the highest ever indexed) are new without a lookup. A location
+        the index cannot read is counted as replaced with its size unknown, so that the
+        re-add that repairs it still goes through.
+        """
+        if entry_id > bound:
+            return count + 1, total + size
+        try:
+            previous = self._index.location(ledger_id, entry_id)
+        except EntryUnreadable:
+            return count, total + size
+        if previous is None:
+            return count + 1, total + size
+        return count, total + size - (previous.size - RECORD_HEADER_SIZE)
+
+    def delete_ledger(self, ledger_id: LedgerId) -> None:
+        """Forget the ledger: entries (index and caches) and state. Call from a worker thread.
+
+        The entry log bytes stay until garbage collection (a later issue) compacts them.
+        Durable on return. A journal replay from an older mark may bring back adds made
+        before the delete; garbage collection deletes such a ledger again.
+        """
+        with self._maintenance:
+            with self._lock:
+                if self._find(ledger_id) is None:
+                    raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+                batch = self._index.batch()
+                batch.delete_ledger(ledger_id)
+                self._index.write(batch)
+                self._cache.drop_ledger(ledger_id)
+                self._states.pop(ledger_id, None)
+                self._dirty.discard(ledger_id)
+            self._index.sync()
+
+    def forget_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> int:
+        """Operator and test tool: make the bookie lose these entries (index and caches).
+
+        It simulates lost entries for the auto-recovery tests and lets an operator drop
+        entries known to be bad so that re-replication restores them. The ledger's state
+        stays. Returns how many of the entries were held. Call from a worker thread.
+        """
+        wanted = sorted({_check_entry_id(entry_id, ledger_id) for entry_id in entry_ids})
+        with self._maintenance:
+            with self._lock:
+                state = self._find(ledger_id)
+                if state is None:
+                    raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+                cached = set(self._cache.entries(ledger_id)).intersection(wanted)
+                self._cache.drop_entries(ledger_id, cached)
+                batch = self._index.batch()
+                count, size = state.entry_count, state.byte_count
+                forgotten = set(cached)
+                for entry_id in wanted:
+                    location = self._index.location(ledger_id, entry_id)
+                    if location is not None:
+                        batch.delete_entry(ledger_id, entry_id)
+                        count, size = count - 1, size - (location.size - RECORD_HEADER_SIZE)
+                        forgotten.add(entry_id)
+                updated = state.copy()
+                updated.entry_count, updated.byte_count = count, size
+                batch.put_state(ledger_id, updated)
+                self._index.write(batch)
+                state.entry_count, state.byte_count = count, size
+            self._index.sync()
+            return len(forgotten)
+
+    def close(self) -> None:
+        """Close the files. No checkpoint: the bookie checkpoints first, with its mark."""
+        with self._maintenance:
+            try:
+                self._log.close()
+            finally:
+                self._index.close()
+
+    # -- states ---------------------------------------------------------------------
+
+    def _find(self, ledger_id: LedgerId) -> LedgerState | None:
+        """The ledger's state, loaded from the index on first use (call under `_lock`).
+
+        Loading under the lock keeps a delete from racing a load back into memory.
+        """
+        state = self._states.get(ledger_id)
+        if state is None:
+            _check_ledger_id(ledger_id)
+            state = self._index.ledger_state(ledger_id)
+            if state is not None:
+                self._states[ledger_id] = state
+        return state
+
+    def _touch(self, ledger_id: LedgerId) -> LedgerState:
+        """The ledger's state, created if the ledger is new (call under `_lock`)."""
+        state = self._find(ledger_id)
+        if state is None:
+            state = self._states[ledger_id] = LedgerState()
+            self._dirty.add(ledger_id)
+        return state
+
+    def _snapshot(self, ledger_id: LedgerId) -> LedgerState:
+        with self._lock:
+            state = self._find(ledger_id)
+            if state is None:
+                raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+            return state.copy()
+
+    def _known(self, ledger_id: LedgerId) -> bool:
+        with self._lock:
+            return self._find(ledger_id) is not None
+
+
+class _Totals(NamedTuple):
+    """What a checkpoint changes in a ledger's state besides what the adds changed."""
+
+    last_entry: int
+    entry_count: int
+    byte_count: int
+
+
+def _with_totals(state: LedgerState, totals: _Totals) -> LedgerState:
+    state.last_entry, state.entry_count, state.byte_count = totals
+    return state
+
+
+def _merged(*sorted_ids: Int64Array) -> Int64Array:
+    """The union of entry id arrays, ascending (the index's is sorted, the caches' not)."""
+    present = [ids for ids in sorted_ids if ids.size]
+    if len(present) == 1 and present[0] is sorted_ids[0]:
+        return present[0]
+    return np.unique(np.concatenate(present)) if present else np.empty(0, dtype=np.int64)
+
+
+def _check_ledger_id(ledger_id: LedgerId) -> None:
+    if not isinstance(ledger_id, LedgerId):
+        raise BadRequest(f"a ledger id must be a LedgerId, not {type(ledger_id).__name__}")
+
+
+def _check_entry_id(entry_id: int, ledger_id: LedgerId) -> int:
+    if isinstance(entry_id, bool) or not isinstance(entry_id, int | np.integer):
+        raise BadRequest(f"ledger {ledger_id}: an entry id is an int, not {entry_id!r}")
+    if not 0 <= entry_id <= MAX_ENTRY_ID:
+        raise BadRequest(f"ledger {ledger_id}: entry id {entry_id} is outside 0..{MAX_ENTRY_ID}")
+    return int(entry_id)
+
+
+def _check_lac(last_add_confirmed: int, ledger_id: LedgerId) -> None:
+    if not -1 <= last_add_confirmed <= MAX_ENTRY_ID:
+        raise BadRequest(
+            f"ledger {ledger_id}: LAC {last_add_confirmed} is outside -1..{MAX_ENTRY_ID}"
+        )

@@ -1,0 +1,265 @@
+"""The RocksDB index: locations, ordered scans, ledger states, range deletes, read-only opens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rocksdict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tally.bookie.entry_log import Location
+from tally.bookie.index import Index, LedgerState
+from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
+from tally.core.ids import UINT64_MAX, LedgerId
+
+MAX_ENTRY = 2**63 - 1
+EDGE_LEDGERS = [
+    LedgerId(0, 0),
+    LedgerId(0, 1),
+    LedgerId(0, UINT64_MAX),
+    LedgerId(1, 0),
+    LedgerId(UINT64_MAX, UINT64_MAX - 1),
+    LedgerId(UINT64_MAX, UINT64_MAX),
+]
+
+
+def location_of(ledger_id: LedgerId, entry_id: int) -> Location:
+    """A location that is a function of its key, so every read back can be checked."""
+    return Location((ledger_id.id + entry_id) % 2**32, (ledger_id.scope ^ entry_id) % 2**64, 99)
+
+
+def put(index: Index, entries: dict[LedgerId, list[int]]) -> None:
+    batch = index.batch()
+    for ledger_id, entry_ids in entries.items():
+        batch.put_state(ledger_id, LedgerState(entry_count=len(entry_ids)))
+        for entry_id in entry_ids:
+            batch.put_location(ledger_id, entry_id, location_of(ledger_id, entry_id))
+    index.write(batch)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[Index]:
+    opened = Index(tmp_path / "index")
+    yield opened
+    opened.close()
+
+
+def test_locations_round_trip_at_the_edges_of_every_id(index: Index) -> None:
+    entries = {ledger_id: [0, 1, 2, MAX_ENTRY - 1, MAX_ENTRY] for ledger_id in EDGE_LEDGERS}
+    put(index, entries)
+    for ledger_id, entry_ids in entries.items():
+        for entry_id in entry_ids:
+            assert index.location(ledger_id, entry_id) == location_of(ledger_id, entry_id)
+        assert index.location(ledger_id, 3) is None
+        assert index.last_entry(ledger_id) == MAX_ENTRY
+        ids = index.entries_of(ledger_id)
+        assert ids.dtype == np.int64
+        assert ids.tolist() == entry_ids
+    assert index.location(LedgerId(0, 2), 0) is None
+    assert index.last_entry(LedgerId(0, 2)) is None
+    assert index.entries_of(LedgerId(0, 2)).size == 0
+    assert list(index.ledgers()) == EDGE_LEDGERS
+    assert list(index.ledgers(after=LedgerId(0, 1))) == EDGE_LEDGERS[2:]
+    assert list(index.ledgers(after=EDGE_LEDGERS[-1])) == []
+
+
+def test_entries_of_a_big_ledger_comes_back_sorted_in_chunks(index: Index) -> None:
+    ledger_id = LedgerId(0, 9)
+    wanted = list(range(0, 300_000, 3))
+    batch = index.batch()
+    for entry_id in reversed(wanted):
+        batch.put_location(ledger_id, entry_id, Location(1, 2, 3))
+    batch.put_location(LedgerId(0, 10), 1, Location(1, 2, 3))
+    batch.put_location(LedgerId(0, 8), 10**6, Location(1, 2, 3))
+    index.write(batch)
+    assert np.array_equal(index.entries_of(ledger_id), np.array(wanted, dtype=np.int64))
+    assert index.last_entry(ledger_id) == wanted[-1]
+
+
+def test_delete_ledger_removes_its_entries_and_state_and_nothing_else(index: Index) -> None:
+    entries = {ledger_id: [0, 5, MAX_ENTRY] for ledger_id in EDGE_LEDGERS}
+    put(index, entries)
+    for doomed in (EDGE_LEDGERS[2], EDGE_LEDGERS[-1], EDGE_LEDGERS[0]):
+        batch = index.batch()
+        batch.delete_ledger(doomed)
+        index.write(batch)
+        del entries[doomed]
+        assert index.entries_of(doomed).size == 0
+        assert index.ledger_state(doomed) is None
+        assert index.location(doomed, 5) is None
+        for ledger_id, entry_ids in entries.items():
+            assert index.entries_of(ledger_id).tolist() == entry_ids
+            assert index.ledger_state(ledger_id) == LedgerState(entry_count=3)
+        assert list(index.ledgers()) == sorted(entries)
+
+
+def test_delete_entry(index: Index) -> None:
+    ledger_id = LedgerId(0, 4)
+    put(index, {ledger_id: [1, 2, 3]})
+    batch = index.batch()
+    batch.delete_entry(ledger_id, 2)
+    batch.delete_entry(ledger_id, 7)
+    index.write(batch)
+    assert index.entries_of(ledger_id).tolist() == [1, 3]
+
+
+@settings(max_examples=200)
+@given(
+    st.builds(
+        LedgerState,
+        master_key=st.none() | st.binary(min_size=32, max_size=32).filter(any),
+        fenced=st.booleans(),
+        explicit_lac=st.integers(-1, MAX_ENTRY),
+        piggyback_lac=st.integers(-1, MAX_ENTRY),
+        last_entry=st.integers(-1, MAX_ENTRY),
+        entry_count=st.integers(0, UINT64_MAX),
+        byte_count=st.integers(0, UINT64_MAX),
+    )
+)
+def test_ledger_state_round_trips(state: LedgerState) -> None:
+    raw = state.to_bytes()
+    assert len(raw) == 74
+    assert LedgerState.from_bytes(raw, LedgerId(0, 1)) == state
+    assert state.last_add_confirmed == max(state.explicit_lac, state.piggyback_lac)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (LedgerState().to_bytes()[:-1], "73 bytes"),
+        (b"\x02" + LedgerState().to_bytes()[1:], "version 2"),
+        (b"\x01\x04" + LedgerState().to_bytes()[2:], "flags 0x04"),
+        (
+            LedgerState().to_bytes()[:2] + b"\x01" + LedgerState().to_bytes()[3:],
+            "no master key flag",
+        ),
+        (LedgerState().to_bytes()[:34] + (-2).to_bytes(8, "big", signed=True) + bytes(32), "-2"),
+    ],
+)
+def test_a_damaged_ledger_state_is_unreadable(raw: bytes, reason: str) -> None:
+    with pytest.raises(EntryUnreadable, match=reason):
+        LedgerState.from_bytes(raw, LedgerId(0, 1))
+
+
+def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "index"
+    Index(path).close()
+    raw = rocksdict.Rdict(
+        str(path),
+        rocksdict.Options(raw_mode=True),
+        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta")},
+    )
+    key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
+    raw[key + (3).to_bytes(8, "big")] = b"short"
+    raw.get_column_family("ledgers")[key] = b"garbage"
+    raw.close()
+    del raw
+    index = Index(path)
+    with pytest.raises(EntryUnreadable, match="location of entry 3 of ledger 7 has 5 bytes"):
+        index.location(LedgerId(0, 7), 3)
+    with pytest.raises(EntryUnreadable, match="state of ledger 7 has 7 bytes"):
+        index.ledger_state(LedgerId(0, 7))
+    index.close()
+
+
+def test_journal_mark_and_state_survive_reopen_after_sync(tmp_path: Path) -> None:
+    path = tmp_path / "index"
+    index = Index(path)
+    assert index.journal_mark() is None
+    batch = index.batch()
+    state = LedgerState(master_key=b"k" * 32, fenced=True, explicit_lac=4, last_entry=9)
+    batch.put_state(LedgerId(2, 3), state)
+    batch.put_location(LedgerId(2, 3), 9, Location(1, 20, 300))
+    batch.put_journal_mark(b"\x00mark\xff")
+    assert len(batch) == 3
+    index.write(batch)
+    index.sync()
+    index.close()
+    index.close()  # closing twice is harmless
+    with pytest.raises(IllegalOperation, match="closed"):
+        index.batch()
+
+    reopened = Index(path)
+    assert reopened.journal_mark() == b"\x00mark\xff"
+    assert reopened.ledger_state(LedgerId(2, 3)) == state
+    assert reopened.location(LedgerId(2, 3), 9) == Location(1, 20, 300)
+    reopened.close()
+
+
+def test_read_only_open_beside_the_live_writer(index: Index, tmp_path: Path) -> None:
+    put(index, {LedgerId(0, 1): [1, 2, 3]})
+    index.sync()
+    reader = Index.open_read_only(index.path)
+    assert reader.entries_of(LedgerId(0, 1)).tolist() == [1, 2, 3]
+    assert list(reader.ledgers()) == [LedgerId(0, 1)]
+    with pytest.raises(IllegalOperation, match="read-only"):
+        reader.batch()
+    put(index, {LedgerId(0, 2): [7]})
+    assert reader.entries_of(LedgerId(0, 2)).size == 0, "a read-only open is a snapshot"
+    reader.close()
+    # and from another process, as an admin tool would
+    code = (
+        "import sys; from pathlib import Path; from tally.bookie.index import Index; "
+        "from tally.core.ids import LedgerId; "
+        "i = Index.open_read_only(Path(sys.argv[1])); "
+        "print(i.entries_of(LedgerId(0, 1)).tolist(), i.entries_of(LedgerId(0, 2)).tolist())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(index.path)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split("\n")[0] == "[1, 2, 3] [7]"
+    with pytest.raises(BadRequest, match="no index"):
+        Index.open_read_only(tmp_path / "nowhere")
+
+
+def test_a_second_writer_is_refused(index: Index) -> None:
+    with pytest.raises(WriteFailed, match="cannot open the index"):
+        Index(index.path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("put"), st.integers(0, 3), st.integers(0, 40)),
+            st.tuples(st.just("delete"), st.integers(0, 3), st.integers(0, 40)),
+            st.tuples(st.just("drop"), st.integers(0, 3), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_the_index_agrees_with_a_model(
+    tmp_path_factory: pytest.TempPathFactory, operations: list[tuple[str, int, int]]
+) -> None:
+    index = Index(tmp_path_factory.mktemp("model"))
+    model: dict[LedgerId, set[int]] = {}
+    for step, (operation, ledger, entry_id) in enumerate(operations):
+        ledger_id = LedgerId(ledger % 2, ledger)
+        batch = index.batch()
+        if operation == "put":
+            batch.put_location(ledger_id, entry_id, location_of(ledger_id, entry_id))
+            batch.put_state(ledger_id, LedgerState())
+            model.setdefault(ledger_id, set()).add(entry_id)
+        elif operation == "delete":
+            batch.delete_entry(ledger_id, entry_id)
+            model.get(ledger_id, set()).discard(entry_id)
+        else:
+            batch.delete_ledger(ledger_id)
+            model.pop(ledger_id, None)
+        index.write(batch)
+        if step % 7 == 0:
+            for known, entry_ids in model.items():
+                assert index.entries_of(known).tolist() == sorted(entry_ids)
+    assert list(index.ledgers()) == sorted(model)
+    for ledger_id, entry_ids in model.items():
+        assert index.entries_of(ledger_id).tolist() == sorted(entry_ids)
+        assert index.last_entry(ledger_id) == (max(entry_ids) if entry_ids else None)
+        for entry_id in entry_ids:
+            assert index.location(ledger_id, entry_id) == location_of(ledger_id, entry_id)
+    index.close()
