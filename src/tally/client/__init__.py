@@ -1,0 +1,1 @@
+"""The asyncio client: moves the bytes that `tally.core` encodes, to and from bookies."""
