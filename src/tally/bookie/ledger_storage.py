@@ -54,6 +54,7 @@ from tally.bookie.entry_log import (
     EntryLog,
 )
 from tally.bookie.index import MASTER_KEY_SIZE, Index, IndexBatch, Int64Array, LedgerState
+from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
 from tally.core.digest import crc32c as compute_crc32c
 from tally.core.errors import (
@@ -310,6 +311,16 @@ class LedgerStorage:
         if not self._known(ledger_id):
             raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
         raise NoSuchEntry(f"ledger {ledger_id} has no entries on this bookie")
+
+    def ledger_access(self, ledger_id: LedgerId) -> LedgerAccess:
+        """Master key and fence, for the admission rules: the add path's one look-up.
+
+        An unknown ledger has no key and no fence yet (the request may be its first)."""
+        with self._lock:
+            state = self._find(ledger_id)
+            if state is None:
+                return LedgerAccess()
+            return LedgerAccess(master_key=state.master_key, fenced=state.fenced)
 
     def master_key(self, ledger_id: LedgerId) -> bytes | None:
         """The ledger's master key (None if the ledger is only known from a fence)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import cluster, demo
+from tally.cli import bookie, cluster, demo
 
 app = typer.Typer(
     name="tally",
@@ -14,11 +14,12 @@ app = typer.Typer(
 )
 app.command("demo")(demo.run)
 app.add_typer(cluster.app, name="cluster")
+app.command("bookie")(bookie.run)
 
 
 @app.callback()
 def main() -> None:
-    """Keeps `tally` a group of commands even while it has only one."""
+    """tally: a durable, replicated log store built on the design of Apache BookKeeper."""
 
 
 if __name__ == "__main__":

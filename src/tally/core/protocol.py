@@ -148,6 +148,8 @@ class AddRequest:
     """RECOVERY_ADD: a recovering client re-replicates; allowed on a fenced ledger."""
     ledger_id: LedgerId = field(init=False)
     entry_id: int = field(init=False)
+    last_add_confirmed: int = field(init=False)
+    """The LAC the writer piggy-backed on the entry."""
 
     def __post_init__(self) -> None:
         if type(self.entry) is not bytes:
@@ -155,6 +157,7 @@ class AddRequest:
         head = peek_header(self.entry)
         object.__setattr__(self, "ledger_id", head.ledger_id)
         object.__setattr__(self, "entry_id", head.entry_id)
+        object.__setattr__(self, "last_add_confirmed", head.last_add_confirmed)
 
     @classmethod
     def for_entry(

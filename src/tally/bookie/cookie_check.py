@@ -1,0 +1,106 @@
+"""A bookie's identity check at start: its directories and the store must agree (BP-31).
+
+The first start of a bookie with empty directories formats it: a cookie with a fresh
+incarnation id goes to the store, then into every directory. Every later start compares
+the copies. A bookie id whose disks were wiped, a disk from another bookie or cluster, or
+changed directories all stop the bookie with what differs and what to do, because serving
+under an old identity without the old data would answer NoSuchEntry for entries it once
+acknowledged, which is how ledgers get truncated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from tally.core.errors import CookieMismatch
+from tally.metadata.cookies import Cookie, CookieManager
+
+log = logging.getLogger(__name__)
+
+COOKIE_FILE = "COOKIE"
+
+
+async def verify_or_format(
+    cookies: CookieManager, bookie_id: str, directories: list[Path], instance_id: str
+) -> Cookie:
+    """The bookie's cookie, after checking every copy (or formatting a brand-new bookie)."""
+    names = [str(d.resolve()) for d in directories]
+    on_disk = {d: _read(d) for d in directories}
+    stored = await cookies.get(bookie_id)
+    found = {d: c for d, c in on_disk.items() if c is not None}
+
+    if stored is None and not found:
+        used = [d for d in directories if _holds_data(d)]
+        if used:
+            raise CookieMismatch(
+                f"bookie {bookie_id}: {', '.join(map(str, used))} hold data but no cookie, and "
+                "the metadata store has none: these directories were not formatted by this "
+                "cluster. Empty them to start a new bookie, or point the bookie at its own "
+                "directories."
+            )
+        cookie = Cookie.new(bookie_id, names, instance_id)
+        await cookies.put(cookie, expected_version=None)
+        for directory in directories:
+            _write(directory, cookie)
+        log.info(
+            "bookie %s formatted: incarnation %s, directories %s",
+            bookie_id,
+            cookie.incarnation_id,
+            names,
+        )
+        return cookie
+
+    if stored is None:
+        raise CookieMismatch(
+            f"bookie {bookie_id}: its directories have a cookie but the metadata store has none "
+            "(was the cluster re-initialised, or the cookie deleted?). Do not start it under "
+            "this id: its disks belong to another cluster or another incarnation."
+        )
+    expected = Cookie(bookie_id, tuple(names), instance_id, stored.cookie.incarnation_id)
+    stored.cookie.check_matches(expected, "this bookie's configuration and cluster")
+    missing = [d for d in directories if on_disk[d] is None]
+    if missing:
+        raise CookieMismatch(
+            f"bookie {bookie_id} is known to the cluster (incarnation "
+            f"{stored.cookie.incarnation_id}) but {', '.join(map(str, missing))} have no cookie: "
+            "the disks were wiped or replaced. Starting it would answer 'no such entry' for "
+            "entries it acknowledged. Decommission the bookie (its ledgers re-replicate), "
+            "delete its cookie with `tally shell cookie delete`, then start it as a new bookie."
+        )
+    for directory, cookie in found.items():
+        stored.cookie.check_matches(cookie, str(directory / COOKIE_FILE))
+    return stored.cookie
+
+
+def _read(directory: Path) -> Cookie | None:
+    path = directory / COOKIE_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return Cookie.from_bytes(data, str(path))
+
+
+def _write(directory: Path, cookie: Cookie) -> None:
+    """Write atomically (temp file, fsync, rename, fsync the directory)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f"{COOKIE_FILE}.tmp"
+    with temporary.open("wb") as handle:
+        handle.write(cookie.to_bytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(directory / COOKIE_FILE)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _holds_data(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except FileNotFoundError:
+        return False

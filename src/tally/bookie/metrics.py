@@ -1,0 +1,151 @@
+"""A bookie's Prometheus metrics, named after BookKeeper's where it has the figure.
+
+Request counters and latencies are updated on the request path; the journal's and the
+ledger storage's own counters are read only when Prometheus scrapes, so the hot path pays
+nothing for them. The journal's batch size is `rate(bookie_journal_records_total) /
+rate(bookie_journal_batches_total)`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from tally.bookie.journal import JournalStats
+from tally.bookie.ledger_storage import LedgerStorageStats
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+
+
+class BookieMetrics:
+    """Every metric of one bookie, in a registry of its own (several bookies per test)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "bookie_requests",
+            "Requests answered, by operation and result (ok or the error's name)",
+            ["operation", "result"],
+            registry=self.registry,
+        )
+        self.add_entry_seconds = Histogram(
+            "bookie_add_entry_seconds",
+            "ADD: from the request's arrival to its acknowledgement (after fdatasync)",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.read_entry_seconds = Histogram(
+            "bookie_read_entry_seconds",
+            "READ: from the request's arrival to the answer",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.malformed_frames = Counter(
+            "bookie_malformed_frames",
+            "Connections closed because a frame was too large, truncated or malformed",
+            registry=self.registry,
+        )
+        self.connections = Gauge(
+            "bookie_connections", "Open client connections", registry=self.registry
+        )
+        self.read_only = Gauge(
+            "bookie_read_only", "1 while the bookie refuses writes", registry=self.registry
+        )
+
+    def watch(
+        self,
+        journal: Callable[[], JournalStats],
+        storage: Callable[[], LedgerStorageStats],
+        index_dir: Path,
+    ) -> None:
+        """Export the journal's and the storage's counters at scrape time."""
+        self.registry.register(_StorageCollector(journal, storage, index_dir))
+
+
+class _StorageCollector(Collector):
+    def __init__(
+        self,
+        journal: Callable[[], JournalStats],
+        storage: Callable[[], LedgerStorageStats],
+        index_dir: Path,
+    ) -> None:
+        self._journal = journal
+        self._storage = storage
+        self._index_dir = index_dir
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
+        journal = self._journal()
+        yield CounterMetricFamily(
+            "bookie_journal_records", "Records made durable", value=journal.records
+        )
+        yield CounterMetricFamily(
+            "bookie_journal_batches", "Group commits (one fdatasync each)", value=journal.batches
+        )
+        yield CounterMetricFamily(
+            "bookie_journal_bytes", "Bytes written to the journal", value=journal.bytes_written
+        )
+        recent = sorted(journal.recent_fdatasync_seconds)
+        sync = SummaryMetricFamily(
+            "bookie_journal_sync_seconds",
+            "Journal fdatasync latency over the most recent group commits",
+            count_value=len(recent),
+            sum_value=sum(recent),
+        )
+        yield sync
+        for q in (0.5, 0.99):
+            yield GaugeMetricFamily(
+                f"bookie_journal_sync_seconds_p{round(q * 100)}",
+                f"Journal fdatasync latency, {q:.0%} quantile of the recent group commits",
+                value=journal.fdatasync_quantile(q),
+            )
+        storage = self._storage()
+        yield CounterMetricFamily(
+            "bookie_ledger_storage_entries_added", "Entries stored", value=storage.entries_added
+        )
+        yield CounterMetricFamily(
+            "bookie_ledger_storage_bytes_added", "Entry bytes stored", value=storage.bytes_added
+        )
+        yield CounterMetricFamily(
+            "bookie_ledger_storage_read_errors",
+            "Reads of indexed entries whose bytes were unreadable or corrupt",
+            value=storage.read_errors,
+        )
+        yield GaugeMetricFamily(
+            "bookie_write_cache_bytes",
+            "Entry bytes awaiting a checkpoint",
+            value=storage.cache_bytes,
+        )
+        yield CounterMetricFamily(
+            "bookie_checkpoints", "Checkpoints completed", value=storage.checkpoints
+        )
+        yield GaugeMetricFamily(
+            "bookie_checkpoint_last_seconds",
+            "Duration of the last checkpoint",
+            value=storage.last_checkpoint_seconds,
+        )
+        yield GaugeMetricFamily(
+            "bookie_index_bytes", "Size of the entry index on disk", value=_size(self._index_dir)
+        )
+        usage = shutil.disk_usage(self._index_dir)
+        yield GaugeMetricFamily(
+            "bookie_ledger_disk_usage_ratio",
+            "Used fraction of the ledger disk",
+            value=usage.used / usage.total if usage.total else 0.0,
+        )
+
+
+def _size(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # a compaction removed it meanwhile
+            continue
+    return total

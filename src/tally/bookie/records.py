@@ -1,0 +1,81 @@
+"""What a bookie writes to its journal, and how a replay applies it to ledger storage.
+
+Everything a bookie acknowledges must survive a crash until the next checkpoint has put it
+in ledger storage: entries, the master key the first writer fixed, fences (a fence that a
+restart forgot would let an old writer slip past recovery) and explicit LACs. Each is one
+journal record; replaying the journal after the last checkpoint re-applies them, and
+every application is idempotent, so replaying twice is harmless.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.core.admission import MASTER_KEY_SIZE
+from tally.core.errors import MalformedData
+from tally.core.ids import LedgerId
+
+
+class RecordType(enum.IntEnum):
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    EXPLICIT_LAC = 4
+
+
+_LEDGER = struct.Struct(">BQQ")  # type, scope, ledger
+_ENTRY = struct.Struct(">BQQqqI")  # type, scope, ledger, entry id, piggy-backed LAC, crc32c
+_MASTER_KEY = struct.Struct(f">BQQ{MASTER_KEY_SIZE}s")
+_EXPLICIT_LAC = struct.Struct(">BQQq")
+
+
+def entry_record(
+    ledger_id: LedgerId, entry_id: int, last_add_confirmed: int, crc32c: int, entry: bytes
+) -> bytes:
+    head = _ENTRY.pack(
+        RecordType.ENTRY, ledger_id.scope, ledger_id.id, entry_id, last_add_confirmed, crc32c
+    )
+    return head + entry
+
+
+def master_key_record(ledger_id: LedgerId, master_key: bytes) -> bytes:
+    return _MASTER_KEY.pack(RecordType.MASTER_KEY, ledger_id.scope, ledger_id.id, master_key)
+
+
+def fence_record(ledger_id: LedgerId) -> bytes:
+    return _LEDGER.pack(RecordType.FENCE, ledger_id.scope, ledger_id.id)
+
+
+def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
+    return _EXPLICIT_LAC.pack(
+        RecordType.EXPLICIT_LAC, ledger_id.scope, ledger_id.id, last_add_confirmed
+    )
+
+
+def apply(record: bytes, storage: LedgerStorage) -> None:
+    """Re-apply one journal record to `storage` (at start-up, after the last checkpoint)."""
+    if not record:
+        raise MalformedData("empty journal record")
+    kind = record[0]
+    try:
+        if kind == RecordType.ENTRY:
+            _, scope, ledger, entry_id, lac, crc = _ENTRY.unpack_from(record)
+            data = memoryview(record)[_ENTRY.size :]
+            storage.add_entry(LedgerId(scope, ledger), entry_id, crc, data, lac)
+        elif kind == RecordType.MASTER_KEY:
+            _, scope, ledger, key = _MASTER_KEY.unpack(record)
+            storage.set_master_key(LedgerId(scope, ledger), key)
+        elif kind == RecordType.FENCE:
+            _, scope, ledger = _LEDGER.unpack(record)
+            storage.set_fenced(LedgerId(scope, ledger))
+        elif kind == RecordType.EXPLICIT_LAC:
+            _, scope, ledger, lac = _EXPLICIT_LAC.unpack(record)
+            storage.set_explicit_lac(LedgerId(scope, ledger), lac)
+        else:
+            raise MalformedData(f"journal record of unknown type {kind}")
+    except struct.error as error:
+        raise MalformedData(
+            f"journal record of type {kind} has {len(record)} bytes: {error}"
+        ) from None

@@ -1,0 +1,594 @@
+"""The bookie process: the wire protocol served over the journal and the ledger storage.
+
+Start-up, in this order: the store must hold a cluster; the listening socket is bound (a
+port of 0 becomes a real one, which is the bookie id unless one is configured); the
+cookie check proves the directories belong to this bookie of this cluster; the journal
+is replayed into ledger storage from the last checkpoint and a checkpoint made; then the
+bookie serves, and only then registers, so no client finds it before it can answer.
+
+The add path runs without a coroutine per request: admission (tally.core.admission),
+the entry into the write cache (which verifies the client's CRC32C first), a journal
+record, and the reply when the journal's group commit has fdatasync'ed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import ssl
+import time
+from collections.abc import Callable, Coroutine
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+from prometheus_client import start_http_server
+
+import tally
+from tally.bookie import records
+from tally.bookie.config import BookieConfig
+from tally.bookie.cookie_check import verify_or_format
+from tally.bookie.journal import Journal, JournalMark
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.metrics import BookieMetrics
+from tally.core import protocol
+from tally.core.admission import admit_add, admit_fencing_read, admit_write_lac
+from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
+from tally.core.errors import (
+    BadRequest,
+    MalformedData,
+    TallyError,
+    WriteFailed,
+    WriteOnReadOnlyBookie,
+)
+from tally.core.ids import LedgerId
+from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
+from tally.metadata.cluster import require_cluster
+from tally.metadata.cookies import CookieManager
+from tally.metadata.store import MetadataStore, open_store
+
+log = logging.getLogger(__name__)
+
+DUMP_LEDGERS_PER_TURN = 64
+"""AVAILABILITY_DUMP reads this many ledgers between two yields to the event loop."""
+
+
+class Bookie:
+    """One bookie: call `start`, then `wait_stopped`; `stop` from a signal handler."""
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.metrics = BookieMetrics()
+        self.disk = DiskState(
+            DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)
+        )
+        self.address = ""
+        self.bookie_id = ""
+        self.metrics_port: int | None = None
+        self._store: MetadataStore | None = None
+        self._registry: BookieRegistry | None = None
+        self._server: asyncio.Server | None = None
+        self._journal: Journal | None = None
+        self._storage: LedgerStorage | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._connections: set[BookieConnectionHandler] = set()
+        self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._registered_mode: BookieMode | None = None
+
+    @property
+    def journal(self) -> Journal:
+        assert self._journal is not None, "bookie not started"
+        return self._journal
+
+    @property
+    def storage(self) -> LedgerStorage:
+        assert self._storage is not None, "bookie not started"
+        return self._storage
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        if not config.metadata:
+            raise BadRequest("a bookie needs --metadata URI (or TALLY_BOOKIE_METADATA)")
+        self._store = open_store(config.metadata, session_timeout=config.session_timeout)
+        await self._store.start()
+        cluster = await require_cluster(self._store, uri=config.metadata)
+
+        host, port = _split_address(config.listen)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: BookieConnectionHandler(self),
+            host,
+            port,
+            ssl=_server_ssl(config),
+            start_serving=False,
+            reuse_address=True,
+        )
+        self.address = f"{host}:{self._server.sockets[0].getsockname()[1]}"
+        self.bookie_id = config.bookie_id or self.address
+
+        journal_dir, ledger_dir = config.journal_directory, config.ledger_directory
+        cookie = await verify_or_format(
+            CookieManager(self._store),
+            self.bookie_id,
+            [journal_dir, ledger_dir],
+            cluster.instance_id,
+        )
+        self._storage = LedgerStorage(ledger_dir, log_size_limit=config.entry_log_size_limit)
+        self._journal = Journal(
+            journal_dir,
+            file_size=config.journal_file_size,
+            preallocate_size=config.journal_preallocate_size,
+            max_batch_delay=config.journal_max_batch_delay_ms / 1000,
+            max_batch_bytes=config.journal_max_batch_bytes,
+        )
+        started = time.perf_counter()
+        replayed = await asyncio.to_thread(self._replay)
+        await self._journal.start()
+        log.info(
+            "bookie %s (incarnation %s): replayed %d journal records in %.2fs",
+            self.bookie_id,
+            cookie.incarnation_id,
+            replayed,
+            time.perf_counter() - started,
+        )
+
+        self.metrics.watch(
+            lambda: self.journal.stats, lambda: self.storage.stats(), ledger_dir / "index"
+        )
+        if config.metrics_port is not None:
+            server, _ = start_http_server(
+                config.metrics_port, addr=host, registry=self.metrics.registry
+            )
+            self.metrics_port = server.server_port
+        self._refresh_disk_usage()
+        await self._server.start_serving()
+        self._registry = BookieRegistry(self._store)
+        if config.rack:
+            await self._registry.set_placement(self.bookie_id, _placement(config.rack))
+        await self._register()
+        self._store.on_session_lost(self._session_lost)
+        self._tasks = [
+            asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
+            asyncio.create_task(self._disk_loop(), name="disk-check"),
+        ]
+        log.info(
+            "bookie %s serving on %s (%s)%s",
+            self.bookie_id,
+            self.address,
+            self.disk.mode.value,
+            f", metrics on :{self.metrics_port}" if self.metrics_port else "",
+        )
+
+    def _replay(self) -> int:
+        """Re-apply the journal after the last checkpoint, then checkpoint (worker thread)."""
+        mark_bytes = self.storage.last_checkpoint_mark()
+        start = JournalMark.from_bytes(mark_bytes) if mark_bytes else None
+        count = 0
+        last = start
+        for mark, record in self.journal.replay(start):
+            records.apply(record, self.storage)
+            last, count = mark, count + 1
+        if last is not None:
+            self.storage.checkpoint(last.to_bytes())
+            self.journal.release_before(last)
+        return count
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Stop serving, make everything durable, deregister; idempotent."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            self._server.close()
+            for connection in list(self._connections):
+                connection.close()
+        if self._journal is not None:
+            await self._journal.close()
+            if self._storage is not None:
+                await asyncio.to_thread(self._checkpoint_now)
+        if self._storage is not None:
+            self._storage.close()
+        if self._registry is not None:
+            with contextlib.suppress(TallyError):
+                await self._registry.unregister(self.bookie_id)
+        if self._store is not None:
+            await self._store.close()
+        self._stopped.set()
+        log.info("bookie %s stopped", self.bookie_id)
+
+    def _session_lost(self) -> None:
+        """Without a session the bookie's registration is gone: stop rather than serve
+        unseen (a supervisor restarts it with a new session)."""
+        log.error("bookie %s lost its metadata store session; stopping", self.bookie_id)
+        asyncio.get_running_loop().create_task(self.stop())
+
+    # -- background work ---------------------------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        interval = self.config.flush_interval_ms / 1000
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(min(0.1, interval))
+            full = self.storage.stats().cache_bytes >= self.config.write_cache_max_bytes
+            if not full and time.monotonic() - last < interval:
+                continue
+            try:
+                await asyncio.to_thread(self._checkpoint_now)
+            except WriteFailed as error:
+                self._io_error(f"checkpoint failed: {error}")
+            last = time.monotonic()
+
+    def _checkpoint_now(self) -> None:
+        """Checkpoint up to the journal's last durable record, then drop older journals.
+
+        Every durable record was applied to storage before it was journaled, so the
+        mark never covers something storage lacks."""
+        mark = self.journal.last_mark()
+        self.storage.checkpoint(mark.to_bytes())
+        self.journal.release_before(mark)
+
+    async def _disk_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.disk_check_interval_ms / 1000)
+            if self._refresh_disk_usage():
+                await self._register()
+
+    def _refresh_disk_usage(self) -> bool:
+        """Feed the fullest data disk's usage in; True if the mode changed."""
+        used = max(
+            _used_fraction(d) for d in (self.config.journal_directory, self.config.ledger_directory)
+        )
+        before = self.disk.mode
+        self.disk = self.disk.with_usage(used)
+        return self.disk.mode is not before
+
+    def _io_error(self, description: str) -> None:
+        before = self.disk.mode
+        self.disk = self.disk.with_io_error(description)
+        if self.disk.mode is not before:
+            log.error("bookie %s is now read-only: %s", self.bookie_id, description)
+            asyncio.get_running_loop().create_task(self._register())
+
+    async def _register(self) -> None:
+        mode = self.disk.mode
+        if mode is self._registered_mode or self._registry is None:
+            return
+        info = BookieInfo(
+            address=self.address,
+            http_port=self.metrics_port,
+            version=tally.__version__,
+            start_time_ms=int(time.time() * 1000),
+        )
+        await self._registry.register(self.bookie_id, info, read_only=mode is BookieMode.READ_ONLY)
+        self._registered_mode = mode
+        self.metrics.read_only.set(1 if mode is BookieMode.READ_ONLY else 0)
+        log.info("bookie %s registered %s (%s)", self.bookie_id, mode.value, self.disk.reason)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
+        """Answer one request; errors become error responses, never a dropped connection."""
+        handler = self._handlers.get(type(request))
+        try:
+            if handler is None:
+                raise BadRequest(f"{request.operation.name} is not served by a bookie")
+            handler(self, request, connection)
+        except TallyError as error:
+            self._fail(request, connection, error)
+        except Exception as error:
+            log.exception("bookie %s failed on %r", self.bookie_id, request)
+            self._fail(request, connection, TallyError(f"internal error: {error!r}"))
+
+    def _fail(
+        self, request: protocol.Request, connection: BookieConnectionHandler, error: TallyError
+    ) -> None:
+        self.metrics.requests.labels(request.operation.name, type(error).__name__).inc()
+        connection.send(protocol.ErrorResponse.answering(request, error).encode())
+
+    def _ok(
+        self, request: protocol.Request, connection: BookieConnectionHandler, frame: bytes
+    ) -> None:
+        self.metrics.requests.labels(request.operation.name, "ok").inc()
+        connection.send(frame)
+
+    def _check_writable(self, recovery: bool) -> None:
+        """Read-only bookies refuse adds; recovery still gets through while the journal
+        works, as closing other writers' ledgers must not stall on a full disk."""
+        if self.disk.mode is BookieMode.WRITABLE:
+            return
+        if recovery and self.disk.io_error is None:
+            return
+        raise WriteOnReadOnlyBookie(f"bookie {self.bookie_id} is read-only: {self.disk.reason}")
+
+    def _journal_then(
+        self,
+        record: bytes,
+        done: Callable[[], None],
+        request: protocol.Request,
+        connection: BookieConnectionHandler,
+    ) -> None:
+        """Journal `record`; once it is durable call `done`, or answer with the failure."""
+        future = self.journal.append_nowait(record)
+        future.add_done_callback(partial(self._journaled, done, request, connection))
+
+    def _journaled(
+        self,
+        done: Callable[[], None],
+        request: protocol.Request,
+        connection: BookieConnectionHandler,
+        future: asyncio.Future[JournalMark],
+    ) -> None:
+        error = future.exception()
+        if error is None:
+            try:
+                done()
+            except TallyError as failure:
+                self._fail(request, connection, failure)
+            return
+        if not isinstance(error, TallyError):
+            error = WriteFailed(f"journal write failed: {error!r}")
+        if isinstance(error, WriteFailed):
+            self._io_error(str(error))
+        self._fail(request, connection, error)
+
+    def _add(self, request: protocol.AddRequest, connection: BookieConnectionHandler) -> None:
+        started = time.perf_counter()
+        self._check_writable(request.recovery)
+        ledger_id = request.ledger_id
+        storage = self.storage
+        admission = admit_add(
+            ledger_id,
+            storage.ledger_access(ledger_id),
+            request.master_key,
+            recovery=request.recovery,
+        )
+        storage.add_entry(
+            ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
+        )
+        if admission.record_master_key:
+            storage.set_master_key(ledger_id, request.master_key)
+            self.journal.append_nowait(records.master_key_record(ledger_id, request.master_key))
+        record = records.entry_record(
+            ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c, request.entry
+        )
+
+        def added() -> None:
+            self._ok(
+                request,
+                connection,
+                protocol.AddResponse(request.request_id, ledger_id, request.entry_id).encode(),
+            )
+            self.metrics.add_entry_seconds.observe(time.perf_counter() - started)
+
+        self._journal_then(record, added, request, connection)
+
+    def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
+        started = time.perf_counter()
+        ledger_id = request.ledger_id
+
+        def answer() -> None:
+            _, data = self.storage.get_entry(ledger_id, request.entry_id)
+            response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
+            self._ok(request, connection, response.encode())
+            self.metrics.read_entry_seconds.observe(time.perf_counter() - started)
+
+        if request.master_key is None:
+            answer()
+            return
+        self._fence(request, request.master_key, answer, connection)
+
+    def _fence(
+        self,
+        request: protocol.ReadRequest,
+        master_key: bytes,
+        then: Callable[[], None],
+        connection: BookieConnectionHandler,
+    ) -> None:
+        """Fence the ledger durably, then run `then`: the fence is in the journal before
+        any reply, including replies to fencing reads racing a fence still in flight."""
+        ledger_id = request.ledger_id
+        self._check_writable(recovery=True)
+        admission = admit_fencing_read(ledger_id, self.storage.ledger_access(ledger_id), master_key)
+        if admission.record_master_key:
+            self.storage.set_master_key(ledger_id, master_key)
+            self.journal.append_nowait(records.master_key_record(ledger_id, master_key))
+        if admission.record_fence:
+            self.storage.set_fenced(ledger_id)
+            future = self.journal.append_nowait(records.fence_record(ledger_id))
+            self._pending_fences[ledger_id] = future
+            future.add_done_callback(lambda _: self._pending_fences.pop(ledger_id, None))
+        else:
+            pending = self._pending_fences.get(ledger_id)
+            if pending is None:
+                then()
+                return
+            future = pending
+        future.add_done_callback(partial(self._journaled, then, request, connection))
+
+    def _read_lac(
+        self, request: protocol.ReadLacRequest, connection: BookieConnectionHandler
+    ) -> None:
+        lac = self.storage.last_add_confirmed(request.ledger_id)
+        response = protocol.ReadLacResponse(request.request_id, request.ledger_id, lac)
+        self._ok(request, connection, response.encode())
+
+    def _write_lac(
+        self, request: protocol.WriteLacRequest, connection: BookieConnectionHandler
+    ) -> None:
+        ledger_id = request.ledger_id
+        admission = admit_write_lac(
+            ledger_id, self.storage.ledger_access(ledger_id), request.master_key
+        )
+        if admission.record_master_key:
+            self.storage.set_master_key(ledger_id, request.master_key)
+            self.journal.append_nowait(records.master_key_record(ledger_id, request.master_key))
+        self.storage.set_explicit_lac(ledger_id, request.last_add_confirmed)
+        record = records.explicit_lac_record(ledger_id, request.last_add_confirmed)
+        response = protocol.WriteLacResponse(request.request_id, ledger_id).encode()
+        self._journal_then(
+            record, lambda: self._ok(request, connection, response), request, connection
+        )
+
+    def _list_entries(
+        self, request: protocol.GetListOfEntriesOfLedgerRequest, connection: BookieConnectionHandler
+    ) -> None:
+        availability = self.storage.availability(request.ledger_id)
+        response = protocol.GetListOfEntriesOfLedgerResponse(
+            request.request_id, request.ledger_id, availability.to_bytes()
+        )
+        self._ok(request, connection, response.encode())
+
+    def _ledger_info(
+        self, request: protocol.LedgerInfoRequest, connection: BookieConnectionHandler
+    ) -> None:
+        info = self.storage.ledger_info(request.ledger_id)
+        response = protocol.LedgerInfoResponse(request.request_id, request.ledger_id, info)
+        self._ok(request, connection, response.encode())
+
+    def _dump(
+        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
+    ) -> None:
+        connection.start_task(self._stream_dump(request, connection))
+
+    async def _stream_dump(
+        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
+    ) -> None:
+        """Every ledger with its availability, a frame at a time, pausing for the reader."""
+        encoder = protocol.AvailabilityDumpEncoder(
+            request.request_id, budget=self.config.max_frame_size
+        )
+        for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
+            frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
+            if frame is not None:
+                connection.send(frame)
+                await connection.writable()
+            if count % DUMP_LEDGERS_PER_TURN == 0:
+                await asyncio.sleep(0)
+        self._ok(request, connection, encoder.finish())
+
+    _handlers: ClassVar[dict[type, Callable[..., None]]] = {
+        protocol.AddRequest: _add,
+        protocol.ReadRequest: _read,
+        protocol.ReadLacRequest: _read_lac,
+        protocol.WriteLacRequest: _write_lac,
+        protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
+        protocol.LedgerInfoRequest: _ledger_info,
+        protocol.AvailabilityDumpRequest: _dump,
+    }
+
+
+class BookieConnectionHandler(asyncio.Protocol):
+    """One client connection: frames in, requests to the bookie, responses out."""
+
+    def __init__(self, bookie: Bookie) -> None:
+        self._bookie = bookie
+        self._reader = protocol.RequestReader(bookie.config.max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._bookie._connections.add(self)
+        self._bookie.metrics.connections.inc()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._bookie._connections.discard(self)
+        self._bookie.metrics.connections.dec()
+        for task in self._tasks:
+            task.cancel()
+        if self._reader.pending_bytes:
+            log.info(
+                "connection from %s closed with %d bytes of an unfinished frame",
+                self._peer,
+                self._reader.pending_bytes,
+            )
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            requests = self._reader.feed(data)
+        except MalformedData as error:
+            log.warning("closing connection from %s: %s", self._peer, error)
+            self._bookie.metrics.malformed_frames.inc()
+            self.close()
+            return
+        for request in requests:
+            self._bookie.dispatch(request, self)
+
+    def send(self, frame: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frame)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    async def writable(self) -> None:
+        await self._can_write.wait()
+        if self._transport is None:
+            raise asyncio.CancelledError
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _placement(rack: str) -> BookiePlacement:
+    """A network location /zone/rack (BookKeeper's /region/rack); a bare /rack is in the
+    default zone, as BookKeeper puts it in /default-region."""
+    parts = rack.strip("/").split("/")
+    zone = f"/{parts[0]}" if len(parts) > 1 else "/default-zone"
+    return BookiePlacement(rack, zone)
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise BadRequest(f"listen address {address!r} is not host:port")
+    return host, int(port)
+
+
+def _server_ssl(config: BookieConfig) -> ssl.SSLContext | None:
+    if config.tls_cert is None and config.tls_key is None:
+        return None
+    if config.tls_cert is None or config.tls_key is None:
+        raise BadRequest("TLS needs both tls_cert and tls_key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca is not None:
+        context.load_verify_locations(config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _used_fraction(directory: Path) -> float:
+    usage = shutil.disk_usage(directory)
+    return usage.used / usage.total if usage.total else 0.0

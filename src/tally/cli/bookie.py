@@ -1,0 +1,69 @@
+"""`tally bookie`: run one bookie in the foreground until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tally.bookie.config import BookieConfig
+from tally.bookie.server import Bookie
+from tally.config import load
+from tally.core.errors import TallyError
+
+
+def run(
+    metadata: Annotated[str | None, typer.Option(help="Metadata store URI.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Journal and ledger storage root.")] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="host:port to listen on (port 0: any free one).")
+    ] = None,
+    bookie_id: Annotated[
+        str | None, typer.Option(help="Bookie id; defaults to the advertised host:port.")
+    ] = None,
+    rack: Annotated[str | None, typer.Option(help="Network location, e.g. /region/rack.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus /metrics on this port.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with a [bookie] section.")] = None,
+) -> None:
+    """Run a bookie: the storage server of a tally cluster."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = load(
+            BookieConfig,
+            "bookie",
+            file=config,
+            overrides={
+                "metadata": metadata,
+                "data_dir": data_dir,
+                "listen": listen,
+                "bookie_id": bookie_id,
+                "rack": rack,
+                "metrics_port": metrics_port,
+            },
+        )
+        asyncio.run(_serve(settings))
+    except TallyError as error:
+        typer.echo(f"tally bookie: {error}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+async def _serve(settings: BookieConfig) -> None:
+    bookie = Bookie(settings)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: loop.create_task(bookie.stop()))
+    try:
+        await bookie.start()
+    except BaseException:
+        await bookie.stop()
+        raise
+    print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
+    await bookie.wait_stopped()
