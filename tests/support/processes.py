@@ -1,0 +1,122 @@
+"""Real tally processes for tests: a cluster on a sqlite store and bookie processes.
+
+Each bookie runs as `python -m tally.cli.main bookie ...` in its own process group, so a
+test can SIGKILL, SIGSTOP or SIGTERM it exactly as an operator's incident would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def tally(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run the tally CLI to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "tally.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def init_cluster(root: Path) -> str:
+    """A new cluster on a sqlite store under `root`; returns its metadata URI."""
+    uri = f"sqlite:///{root / 'meta.db'}"
+    result = tally("cluster", "init", "--metadata", uri)
+    assert result.returncode == 0, result.stderr
+    return uri
+
+
+@dataclass
+class BookieProcess:
+    """One bookie process; `start` waits until it has registered and prints its address."""
+
+    metadata: str
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> BookieProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / "bookie.log"
+        log = self.log_path.open("a")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "tally.cli.main", "bookie",
+                "--metadata", self.metadata,
+                "--data-dir", str(self.data_dir),
+                "--listen", self.address,
+                *self.extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        fd = self.process.stdout.fileno()
+        os.set_blocking(fd, False)
+        seen = b""
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):
+                seen += os.read(fd, 4096)
+            if b" ready on " in seen:
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"bookie {self.address} exited with {self.process.returncode}:\n{self.log()}"
+                )
+            time.sleep(0.02)
+        raise AssertionError(f"bookie {self.address} not ready in {READY_TIMEOUT}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, as in a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM and wait for a clean exit; returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
