@@ -53,13 +53,16 @@ async def verify_or_format(
         return cookie
 
     if stored is None:
+        clusters = ", ".join(sorted({cookie.instance_id for cookie in found.values()}))
         raise CookieMismatch(
-            f"bookie {bookie_id}: its directories have a cookie but the metadata store has none "
-            "(was the cluster re-initialised, or the cookie deleted?). Do not start it under "
-            "this id: its disks belong to another cluster or another incarnation."
+            f"bookie {bookie_id}: {', '.join(map(str, found))} hold its cookie of cluster "
+            f"instance {clusters}, but the metadata store (cluster instance {instance_id}) has "
+            "no cookie for it (was the cluster re-initialised, or the cookie deleted?). Do not "
+            "start it under this id: its disks belong to another cluster or another "
+            "incarnation. Point it at its own cluster's metadata store, or decommission it."
         )
     expected = Cookie(bookie_id, tuple(names), instance_id, stored.cookie.incarnation_id)
-    stored.cookie.check_matches(expected, "this bookie's configuration and cluster")
+    _check(stored.cookie, expected, "this bookie's configuration and cluster")
     missing = [d for d in directories if on_disk[d] is None]
     if missing:
         raise CookieMismatch(
@@ -70,8 +73,21 @@ async def verify_or_format(
             "delete its cookie with `tally shell cookie delete`, then start it as a new bookie."
         )
     for directory, cookie in found.items():
-        stored.cookie.check_matches(cookie, str(directory / COOKIE_FILE))
+        _check(stored.cookie, cookie, str(directory / COOKIE_FILE))
     return stored.cookie
+
+
+def _check(stored: Cookie, other: Cookie, source: str) -> None:
+    """The store's cookie must match `other`; a mismatch says what differs and what to do."""
+    try:
+        stored.check_matches(other, source)
+    except CookieMismatch as error:
+        raise CookieMismatch(
+            f"{error} (the first value is the metadata store's cookie). Start the bookie with "
+            "the directories, disks and metadata store its cookie records. To change them, "
+            "decommission the bookie (its ledgers re-replicate), delete its cookie with "
+            "`tally shell cookie delete`, then start it as a new bookie."
+        ) from None
 
 
 def _read(directory: Path) -> Cookie | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tally.bookie.journal import JournalStats
@@ -31,7 +31,8 @@ class BookieMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "bookie_requests",
-            "Requests answered, by operation and result (ok or the error's name)",
+            "Requests answered, by operation (FENCE: a fencing read) and result (ok or the "
+            "error's name)",
             ["operation", "result"],
             registry=self.registry,
         )
@@ -80,7 +81,7 @@ class _StorageCollector(Collector):
         self._storage = storage
         self._index_dir = index_dir
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         journal = self._journal()
         yield CounterMetricFamily(
             "bookie_journal_records", "Records made durable", value=journal.records
@@ -91,14 +92,8 @@ class _StorageCollector(Collector):
         yield CounterMetricFamily(
             "bookie_journal_bytes", "Bytes written to the journal", value=journal.bytes_written
         )
-        recent = sorted(journal.recent_fdatasync_seconds)
-        sync = SummaryMetricFamily(
-            "bookie_journal_sync_seconds",
-            "Journal fdatasync latency over the most recent group commits",
-            count_value=len(recent),
-            sum_value=sum(recent),
-        )
-        yield sync
+        # Quantiles of the journal's window of recent fdatasyncs. Not a summary: its count and
+        # sum would shrink as the window slides, which Prometheus reads as counter resets.
         for q in (0.5, 0.99):
             yield GaugeMetricFamily(
                 f"bookie_journal_sync_seconds_p{round(q * 100)}",

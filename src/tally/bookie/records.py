@@ -14,7 +14,7 @@ import struct
 
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.admission import MASTER_KEY_SIZE
-from tally.core.errors import MalformedData
+from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
 
 
@@ -55,7 +55,12 @@ def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
 
 
 def apply(record: bytes, storage: LedgerStorage) -> None:
-    """Re-apply one journal record to `storage` (at start-up, after the last checkpoint)."""
+    """Re-apply one journal record to `storage` (at start-up, after the last checkpoint).
+
+    MalformedData for a record that does not decode, including one that decodes to what
+    storage refuses: an entry record carries no length, so a cut one shows only as entry
+    bytes that fail their CRC32C, and impossible ids are no record the bookie wrote.
+    """
     if not record:
         raise MalformedData("empty journal record")
     kind = record[0]
@@ -78,4 +83,10 @@ def apply(record: bytes, storage: LedgerStorage) -> None:
     except struct.error as error:
         raise MalformedData(
             f"journal record of type {kind} has {len(record)} bytes: {error}"
+        ) from None
+    except MalformedData:
+        raise
+    except (BadDigest, BadRequest) as error:
+        raise MalformedData(
+            f"journal record of type {kind} ({len(record)} bytes) does not apply: {error}"
         ) from None

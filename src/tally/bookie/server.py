@@ -23,8 +23,9 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import start_http_server
+from prometheus_client import Counter, start_http_server
 
 import tally
 from tally.bookie import records
@@ -67,6 +68,7 @@ class Bookie:
         self.address = ""
         self.bookie_id = ""
         self.metrics_port: int | None = None
+        self._metrics_server: WSGIServer | None = None
         self._store: MetadataStore | None = None
         self._registry: BookieRegistry | None = None
         self._server: asyncio.Server | None = None
@@ -78,6 +80,7 @@ class Bookie:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._registered_mode: BookieMode | None = None
+        self._answer_counts: dict[tuple[str, str], Counter] = {}
 
     @property
     def journal(self) -> Journal:
@@ -142,10 +145,10 @@ class Bookie:
             lambda: self.journal.stats, lambda: self.storage.stats(), ledger_dir / "index"
         )
         if config.metrics_port is not None:
-            server, _ = start_http_server(
+            self._metrics_server, _ = start_http_server(
                 config.metrics_port, addr=host, registry=self.metrics.registry
             )
-            self.metrics_port = server.server_port
+            self.metrics_port = self._metrics_server.server_port
         self._refresh_disk_usage()
         await self._server.start_serving()
         self._registry = BookieRegistry(self._store)
@@ -208,6 +211,9 @@ class Bookie:
                 await self._registry.unregister(self.bookie_id)
         if self._store is not None:
             await self._store.close()
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.shutdown)
+            self._metrics_server.server_close()
         self._stopped.set()
         log.info("bookie %s stopped", self.bookie_id)
 
@@ -243,19 +249,27 @@ class Bookie:
         self.journal.release_before(mark)
 
     async def _disk_loop(self) -> None:
+        """Check the disks, and register the mode whenever it differs from the registered
+        one: after a change here or after an I/O error, and again after a failed attempt."""
         while True:
             await asyncio.sleep(self.config.disk_check_interval_ms / 1000)
-            if self._refresh_disk_usage():
+            self._refresh_disk_usage()
+            try:
                 await self._register()
+            except TallyError as error:
+                log.warning(
+                    "bookie %s: registering as %s failed, retrying: %s",
+                    self.bookie_id,
+                    self.disk.mode.value,
+                    error,
+                )
 
-    def _refresh_disk_usage(self) -> bool:
-        """Feed the fullest data disk's usage in; True if the mode changed."""
+    def _refresh_disk_usage(self) -> None:
+        """Feed the fullest data disk's usage in."""
         used = max(
             _used_fraction(d) for d in (self.config.journal_directory, self.config.ledger_directory)
         )
-        before = self.disk.mode
         self.disk = self.disk.with_usage(used)
-        return self.disk.mode is not before
 
     def _io_error(self, description: str) -> None:
         before = self.disk.mode
@@ -288,22 +302,38 @@ class Bookie:
             if handler is None:
                 raise BadRequest(f"{request.operation.name} is not served by a bookie")
             handler(self, request, connection)
-        except TallyError as error:
-            self._fail(request, connection, error)
         except Exception as error:
-            log.exception("bookie %s failed on %r", self.bookie_id, request)
-            self._fail(request, connection, TallyError(f"internal error: {error!r}"))
+            self._raised(request, connection, error)
+
+    def _raised(
+        self, request: protocol.Request, connection: BookieConnectionHandler, error: Exception
+    ) -> None:
+        """Answer a request whose handling raised: a TallyError as itself, anything else
+        as an internal error, logged with its traceback."""
+        if not isinstance(error, TallyError):
+            log.error("bookie %s failed on %r", self.bookie_id, request, exc_info=error)
+            error = TallyError(f"internal error: {error!r}")
+        self._fail(request, connection, error)
+
+    def _count(self, request: protocol.Request, result: str) -> None:
+        """Count an answer. The labelled counters are kept: looking one up with `labels()`
+        cost an add more than the rest of its metrics."""
+        key = (_operation_label(request), result)
+        counter = self._answer_counts.get(key)
+        if counter is None:
+            counter = self._answer_counts[key] = self.metrics.requests.labels(*key)
+        counter.inc()
 
     def _fail(
         self, request: protocol.Request, connection: BookieConnectionHandler, error: TallyError
     ) -> None:
-        self.metrics.requests.labels(request.operation.name, type(error).__name__).inc()
+        self._count(request, type(error).__name__)
         connection.send(protocol.ErrorResponse.answering(request, error).encode())
 
     def _ok(
         self, request: protocol.Request, connection: BookieConnectionHandler, frame: bytes
     ) -> None:
-        self.metrics.requests.labels(request.operation.name, "ok").inc()
+        self._count(request, "ok")
         connection.send(frame)
 
     def _check_writable(self, recovery: bool) -> None:
@@ -346,6 +376,14 @@ class Bookie:
             self._io_error(str(error))
         self._fail(request, connection, error)
 
+    def _journal_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
+        """Journal a ledger's first master key. Nobody waits on it: the record that needs
+        it (entry, fence, LAC) is journaled right after, in the same or a later group
+        commit, so its reply already implies this one is durable, and its failure reports
+        the journal's."""
+        future = self.journal.append_nowait(records.master_key_record(ledger_id, master_key))
+        future.add_done_callback(_consume)
+
     def _add(self, request: protocol.AddRequest, connection: BookieConnectionHandler) -> None:
         started = time.perf_counter()
         self._check_writable(request.recovery)
@@ -362,7 +400,7 @@ class Bookie:
         )
         if admission.record_master_key:
             storage.set_master_key(ledger_id, request.master_key)
-            self.journal.append_nowait(records.master_key_record(ledger_id, request.master_key))
+            self._journal_master_key(ledger_id, request.master_key)
         record = records.entry_record(
             ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c, request.entry
         )
@@ -406,7 +444,7 @@ class Bookie:
         admission = admit_fencing_read(ledger_id, self.storage.ledger_access(ledger_id), master_key)
         if admission.record_master_key:
             self.storage.set_master_key(ledger_id, master_key)
-            self.journal.append_nowait(records.master_key_record(ledger_id, master_key))
+            self._journal_master_key(ledger_id, master_key)
         if admission.record_fence:
             self.storage.set_fenced(ledger_id)
             future = self.journal.append_nowait(records.fence_record(ledger_id))
@@ -436,7 +474,7 @@ class Bookie:
         )
         if admission.record_master_key:
             self.storage.set_master_key(ledger_id, request.master_key)
-            self.journal.append_nowait(records.master_key_record(ledger_id, request.master_key))
+            self._journal_master_key(ledger_id, request.master_key)
         self.storage.set_explicit_lac(ledger_id, request.last_add_confirmed)
         record = records.explicit_lac_record(ledger_id, request.last_add_confirmed)
         response = protocol.WriteLacResponse(request.request_id, ledger_id).encode()
@@ -468,17 +506,24 @@ class Bookie:
     async def _stream_dump(
         self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
     ) -> None:
-        """Every ledger with its availability, a frame at a time, pausing for the reader."""
+        """Every ledger with its availability, a frame at a time, pausing for the reader.
+
+        A failure midway (a ledger too large for a frame, a storage error) ends the stream
+        with an error response, so the reader is not left waiting for the rest."""
         encoder = protocol.AvailabilityDumpEncoder(
             request.request_id, budget=self.config.max_frame_size
         )
-        for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
-            frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
-            if frame is not None:
-                connection.send(frame)
-                await connection.writable()
-            if count % DUMP_LEDGERS_PER_TURN == 0:
-                await asyncio.sleep(0)
+        try:
+            for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
+                frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
+                if frame is not None:
+                    connection.send(frame)
+                    await connection.writable()
+                if count % DUMP_LEDGERS_PER_TURN == 0:
+                    await asyncio.sleep(0)
+        except Exception as error:
+            self._raised(request, connection, error)
+            return
         self._ok(request, connection, encoder.finish())
 
     _handlers: ClassVar[dict[type, Callable[..., None]]] = {
@@ -493,7 +538,12 @@ class Bookie:
 
 
 class BookieConnectionHandler(asyncio.Protocol):
-    """One client connection: frames in, requests to the bookie, responses out."""
+    """One client connection: frames in, requests to the bookie, responses out.
+
+    Responses sent in one event-loop turn leave in one write: a group commit answers
+    hundreds of adds at once, and a send per answer cost more than the rest of an add
+    (bench/bench_bookie.py).
+    """
 
     def __init__(self, bookie: Bookie) -> None:
         self._bookie = bookie
@@ -503,6 +553,7 @@ class BookieConnectionHandler(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._outbox: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -514,12 +565,15 @@ class BookieConnectionHandler(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._outbox.clear()
         self._bookie._connections.discard(self)
         self._bookie.metrics.connections.dec()
         for task in self._tasks:
             task.cancel()
         if self._reader.pending_bytes:
-            log.info(
+            # A frame cut short by the end of the stream is a malformed frame too.
+            self._bookie.metrics.malformed_frames.inc()
+            log.warning(
                 "connection from %s closed with %d bytes of an unfinished frame",
                 self._peer,
                 self._reader.pending_bytes,
@@ -538,7 +592,14 @@ class BookieConnectionHandler(asyncio.Protocol):
 
     def send(self, frame: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(frame)
+            self._outbox.append(frame)
+            if len(self._outbox) == 1:
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        frames, self._outbox = self._outbox, []
+        if frames and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(frames))
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -547,6 +608,7 @@ class BookieConnectionHandler(asyncio.Protocol):
         self._can_write.set()
 
     async def writable(self) -> None:
+        self._flush()
         await self._can_write.wait()
         if self._transport is None:
             raise asyncio.CancelledError
@@ -558,7 +620,21 @@ class BookieConnectionHandler(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
+            self._flush()
             self._transport.close()
+
+
+def _consume(future: asyncio.Future[JournalMark]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _operation_label(request: protocol.Request) -> str:
+    """The metrics' operation: a fencing read is counted as FENCE, apart from plain reads,
+    since fences are what recovery's progress and an old writer's refusals hang on."""
+    if isinstance(request, protocol.ReadRequest) and request.do_fencing:
+        return "FENCE"
+    return request.operation.name
 
 
 def _placement(rack: str) -> BookiePlacement:

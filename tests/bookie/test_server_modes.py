@@ -1,0 +1,345 @@
+"""A bookie's modes and its doors: registration, read-only and back, I/O errors, TLS.
+
+Disk usage and I/O errors are driven for real where the test can (a threshold below the
+disk's actual usage, for a real process) and injected in-process where it cannot (a disk
+that empties again, an fdatasync that fails with EIO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+import tally.bookie.server
+from tally.core.errors import (
+    BookieUnavailable,
+    MetadataStoreError,
+    WriteFailed,
+    WriteOnReadOnlyBookie,
+)
+from tally.metadata.bookie_registry import BookieRegistry
+from tests.bookie.conftest import (
+    KEY,
+    SESSION_TIMEOUT,
+    BookieUnderTest,
+    connected,
+    entry,
+    eventually,
+    in_process_bookie,
+    new_ledger,
+    registration_of,
+    running,
+    sample,
+    store_session,
+)
+
+CHECK_INTERVAL_MS = 50
+
+
+def scrape_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+        return str(answer.read().decode())
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+async def test_the_registration_dies_with_a_killed_bookie(cluster: str, tmp_path: Path) -> None:
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie")
+    async with store_session(cluster) as store:
+        registry = BookieRegistry(store)
+
+        async def gone() -> bool:
+            return bookie.address not in await registry.writable_bookies()
+
+        with running(bookie):
+            assert await registry.writable_bookies() == [bookie.address]
+            registration = await registry.registration(bookie.address)
+            assert registration is not None
+            assert registration.info.address == bookie.address
+            assert registration.info.http_port == bookie.metrics_port
+            bookie.kill()
+            # The key outlives the process until its session's lease runs out.
+            assert not await gone()
+            took = await eventually(gone, timeout=4 * SESSION_TIMEOUT, what="registration gone")
+            assert took <= 2 * SESSION_TIMEOUT
+            bookie.start()  # a restart registers again ...
+            assert not await gone()
+            assert bookie.stop() == 0
+            assert await gone()  # ... and a clean stop unregisters at once
+
+
+async def test_stop_closes_the_metrics_endpoint(tmp_path: Path) -> None:
+    async with in_process_bookie(tmp_path / "bookie", metrics_port=0) as node:
+        port = node.bookie.metrics_port
+        assert port is not None
+        assert "bookie_requests" in await asyncio.to_thread(scrape_text, port)
+        registration = await BookieRegistry(node.store).registration(node.bookie.bookie_id)
+        assert registration is not None
+        assert registration.info.http_port == port
+    with pytest.raises(urllib.error.URLError):
+        await asyncio.to_thread(scrape_text, port)
+
+
+# --- read-only on a full disk ---------------------------------------------------------------
+
+
+async def test_a_disk_over_the_threshold_makes_a_read_only_bookie(
+    cluster: str, tmp_path: Path
+) -> None:
+    usage = shutil.disk_usage(tmp_path)
+    used = usage.used / usage.total
+    assert used > 0
+    bookie = BookieUnderTest(
+        cluster,
+        tmp_path / "bookie",
+        settings={
+            "disk_usage_threshold": used / 2,
+            "disk_usage_lwm_threshold": used / 4,
+            "disk_check_interval_ms": CHECK_INTERVAL_MS,
+        },
+    )
+    ledger = new_ledger()
+    with running(bookie):
+        assert await registration_of(cluster, bookie.address) == "readonly"
+        async with connected(bookie.address) as connection:
+            with pytest.raises(WriteOnReadOnlyBookie, match="disk usage"):
+                await connection.add(entry(ledger, 0), KEY)
+            # Recovery must not stall on a full disk: recovery adds and fences go through.
+            await connection.add(entry(ledger, 0), KEY, recovery=True)
+            await connection.add(entry(ledger, 1), KEY, recovery=True)
+            assert await connection.read(ledger, 0, fencing_key=KEY) == entry(ledger, 0)
+            assert await connection.read(ledger, -1) == entry(ledger, 1)
+            assert (await connection.ledger_info(ledger)).fenced
+        metrics = bookie.metrics()
+        assert sample(metrics, "bookie_read_only") == 1
+        labels = {"operation": "ADD", "result": "WriteOnReadOnlyBookie"}
+        assert sample(metrics, "bookie_requests_total", **labels) == 1
+        assert f"bookie {bookie.address} registered readonly" in bookie.log()
+
+
+async def test_the_bookie_is_writable_again_below_the_low_water_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used = {"fraction": 0.5}
+    monkeypatch.setattr(tally.bookie.server, "_used_fraction", lambda _: used["fraction"])
+    ledger = new_ledger()
+    async with (
+        in_process_bookie(
+            tmp_path / "bookie",
+            disk_usage_threshold=0.95,
+            disk_usage_lwm_threshold=0.90,
+            disk_check_interval_ms=CHECK_INTERVAL_MS,
+        ) as node,
+        connected(node.address) as connection,
+    ):
+
+        async def registered(mode: str) -> bool:
+            return await node.registered_as() == mode
+
+        assert await node.registered_as() == "writable"
+        await connection.add(entry(ledger, 0), KEY)
+
+        used["fraction"] = 0.96
+        await eventually(lambda: registered("readonly"), what="read-only")
+        with pytest.raises(WriteOnReadOnlyBookie):
+            await connection.add(entry(ledger, 1), KEY)
+
+        used["fraction"] = 0.92  # below the threshold, above the low-water mark: no flapping
+        await asyncio.sleep(8 * CHECK_INTERVAL_MS / 1000)
+        assert await node.registered_as() == "readonly"
+        with pytest.raises(WriteOnReadOnlyBookie):
+            await connection.add(entry(ledger, 1), KEY)
+
+        used["fraction"] = 0.89
+        await eventually(lambda: registered("writable"), what="writable again")
+        await connection.add(entry(ledger, 1), KEY)
+        assert await connection.read(ledger, 1) == entry(ledger, 1)
+
+
+async def test_a_failed_re_registration_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used = {"fraction": 0.5}
+    monkeypatch.setattr(tally.bookie.server, "_used_fraction", lambda _: used["fraction"])
+    failures = {"left": 0}
+    register = BookieRegistry.register
+
+    async def flaky_register(self: BookieRegistry, *args: Any, **kwargs: Any) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise MetadataStoreError("injected: the store did not answer")
+        await register(self, *args, **kwargs)
+
+    monkeypatch.setattr(BookieRegistry, "register", flaky_register)
+    async with in_process_bookie(
+        tmp_path / "bookie", disk_check_interval_ms=CHECK_INTERVAL_MS
+    ) as node:
+        failures["left"] = 2
+        used["fraction"] = 0.99
+
+        async def read_only() -> bool:
+            return await node.registered_as() == "readonly"
+
+        await eventually(read_only, what="read-only despite two failed registrations")
+        assert failures["left"] == 0
+
+
+# --- read-only on an I/O error --------------------------------------------------------------
+
+
+async def test_a_journal_io_error_fails_the_add_and_makes_the_bookie_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = {"on": False}
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if failing["on"]:
+            raise OSError(errno.EIO, "injected I/O error")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    ledger = new_ledger()
+    async with (
+        in_process_bookie(tmp_path / "bookie") as node,
+        connected(node.address) as connection,
+    ):
+        await connection.add(entry(ledger, 0), KEY)
+        failing["on"] = True
+        with pytest.raises(WriteFailed, match="injected I/O error"):
+            await connection.add(entry(ledger, 1), KEY)
+        failing["on"] = False  # even once the disk answers again, it is not trusted
+
+        async def read_only() -> bool:
+            return await node.registered_as() == "readonly"
+
+        await eventually(read_only, what="re-registered read-only")
+        for attempt in (
+            connection.add(entry(ledger, 2), KEY),
+            connection.add(entry(ledger, 2), KEY, recovery=True),
+            connection.read(ledger, 0, fencing_key=KEY),
+        ):
+            with pytest.raises(WriteOnReadOnlyBookie, match="I/O error"):
+                await attempt
+        assert await connection.read(ledger, 0) == entry(ledger, 0)
+        await asyncio.sleep(4 * CHECK_INTERVAL_MS / 1000)
+        assert await read_only(), "an I/O error is not forgotten by the disk check"
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+class Certificates(NamedTuple):
+    server_cert: Path
+    server_key: Path
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    rogue_cert: Path
+    rogue_key: Path
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def self_signed(cert: Path, key: Path, subject: str, *extensions: str) -> None:
+    openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-days", "1", "-subj", subject, *extensions, "-keyout", key, "-out", cert,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """The bookie's self-signed certificate for 127.0.0.1; a client CA, a client certificate
+    it signed, and a self-signed client certificate it did not."""
+    d = tmp_path_factory.mktemp("tls")
+    made = Certificates(*(d / name for name in (
+        "server.pem", "server.key", "ca.pem", "client.pem", "client.key", "rogue.pem", "rogue.key"
+    )))  # fmt: skip
+    self_signed(
+        made.server_cert, made.server_key, "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"
+    )
+    ca_key = d / "ca.key"
+    self_signed(made.ca_cert, ca_key, "/CN=tally test client CA")
+    request = d / "client.csr"
+    openssl(
+        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-subj", "/CN=tally client", "-keyout", made.client_key, "-out", request,
+    )  # fmt: skip
+    openssl(
+        "x509", "-req", "-in", request, "-CA", made.ca_cert, "-CAkey", ca_key,
+        "-CAcreateserial", "-days", "1", "-out", made.client_cert,
+    )  # fmt: skip
+    self_signed(made.rogue_cert, made.rogue_key, "/CN=tally client")
+    return made
+
+
+def client_context(
+    certificates: Certificates, cert: Path | None = None, key: Path | None = None
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=certificates.server_cert)
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+async def works(address: str, context: ssl.SSLContext | None) -> None:
+    ledger = new_ledger()
+    async with connected(address, ssl=context) as connection:
+        await connection.add(entry(ledger, 0, bytes(50_000)), KEY)
+        assert await connection.read(ledger, 0) == entry(ledger, 0, bytes(50_000))
+        transport = connection._transport
+        assert transport is not None
+        assert transport.get_extra_info("ssl_object") is not None
+
+
+async def refused(address: str, context: ssl.SSLContext | None) -> None:
+    started = time.monotonic()
+    with pytest.raises(BookieUnavailable):
+        async with connected(address, ssl=context) as connection:
+            await connection.read_lac(new_ledger())
+    assert time.monotonic() - started < 5, "refused at once, not by a timeout"
+
+
+async def test_a_tls_bookie_speaks_tls_only(
+    cluster: str, tmp_path: Path, certificates: Certificates
+) -> None:
+    settings: dict[str, object] = {
+        "tls_cert": certificates.server_cert,
+        "tls_key": certificates.server_key,
+    }
+    with running(BookieUnderTest(cluster, tmp_path / "bookie", settings=settings)) as bookie:
+        await works(bookie.address, client_context(certificates))
+        await refused(bookie.address, None)  # plain TCP
+        await refused(bookie.address, ssl.create_default_context())  # an untrusted server
+        await works(bookie.address, client_context(certificates))  # and it goes on
+
+
+async def test_client_verification_takes_only_certificates_of_the_client_ca(
+    cluster: str, tmp_path: Path, certificates: Certificates
+) -> None:
+    settings: dict[str, object] = {
+        "tls_cert": certificates.server_cert,
+        "tls_key": certificates.server_key,
+        "tls_client_ca": certificates.ca_cert,
+    }
+    with running(BookieUnderTest(cluster, tmp_path / "bookie", settings=settings)) as bookie:
+        await refused(bookie.address, client_context(certificates))
+        rogue = client_context(certificates, certificates.rogue_cert, certificates.rogue_key)
+        await refused(bookie.address, rogue)
+        signed = client_context(certificates, certificates.client_cert, certificates.client_key)
+        await works(bookie.address, signed)
