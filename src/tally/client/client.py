@@ -1,0 +1,178 @@
+"""`tally.Client`: create, write, open (with or without recovery), read and delete ledgers.
+
+async with tally.Client("sqlite:///path/meta.db") as client:
+    writer = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2,
+                                        password=b"pw")
+    await writer.append(b"bytes")
+    await writer.close()
+    reader = await client.open_ledger(writer.ledger_id, password=b"pw", recovery=True)
+    async for entry in reader.read(0, reader.last_entry_id): ...
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import ssl
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Self
+
+from tally.client.bookie_pool import BookiePool
+from tally.client.config import ClientConfig
+from tally.client.context import ClientContext
+from tally.client.reader import LedgerReader
+from tally.client.recovery import recover
+from tally.client.writer import LedgerWriter
+from tally.core.digest import DigestType
+from tally.core.errors import BadRequest, IllegalOperation
+from tally.core.ids import LedgerId
+from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.placement import (
+    DefaultPlacementPolicy,
+    PlacementPolicy,
+    RackAwarePlacementPolicy,
+)
+from tally.core.schedule import check_quorums
+from tally.metadata.bookie_registry import BookieRegistry
+from tally.metadata.cluster import require_cluster
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.underreplication import UnderReplicationManager
+
+
+def placement_policy(config: ClientConfig) -> PlacementPolicy:
+    if config.placement == "default":
+        return DefaultPlacementPolicy()
+    if config.placement == "rack-aware":
+        return RackAwarePlacementPolicy(
+            min_num_racks_per_write_quorum=config.min_num_racks_per_write_quorum,
+            enforce_min_num_racks_per_write_quorum=config.enforce_min_num_racks_per_write_quorum,
+        )
+    raise BadRequest(f"unknown placement policy {config.placement!r}: default or rack-aware")
+
+
+class Client:
+    """A connection to one tally cluster, through its metadata store."""
+
+    def __init__(
+        self,
+        metadata: str,
+        *,
+        config: ClientConfig | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.metadata_uri = metadata
+        self.config = config or ClientConfig()
+        self._ssl = ssl_context
+        self._rng = random.Random(seed)
+        self._store: MetadataStore | None = None
+        self._context: ClientContext | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._store = open_store(self.metadata_uri, session_timeout=self.config.session_timeout)
+        await self._store.start()
+        await require_cluster(self._store, uri=self.metadata_uri)
+        registry = BookieRegistry(self._store)
+        self._context = ClientContext(
+            config=self.config,
+            ledgers=LedgerManager(self._store),
+            registry=registry,
+            under_replication=UnderReplicationManager(self._store),
+            bookies=BookiePool(
+                registry, request_timeout=self.config.add_entry_timeout, ssl_context=self._ssl
+            ),
+            policy=placement_policy(self.config),
+            rng=self._rng,
+        )
+
+    async def close(self) -> None:
+        if self._context is not None:
+            await self._context.bookies.close()
+            self._context = None
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    @property
+    def context(self) -> ClientContext:
+        if self._context is None:
+            raise IllegalOperation("the client is not started (use `async with Client(...)`)")
+        return self._context
+
+    async def create_ledger(
+        self,
+        *,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        password: bytes = b"",
+        digest: DigestType | str = DigestType.CRC32C,
+        custom_metadata: Mapping[str, bytes] | None = None,
+        scope: int | None = None,
+        uuid: bool = False,
+        advanced: bool = False,
+    ) -> LedgerWriter:
+        """A new OPEN ledger on an ensemble the placement policy chose among the writable
+        bookies; `scope` or `uuid=True` give it a 128-bit id."""
+        check_quorums(ensemble_size, write_quorum, ack_quorum)
+        if not isinstance(password, bytes):
+            raise BadRequest("the ledger password is bytes")
+        context = self.context
+        racks = await context.racks()
+        ensemble = context.policy.new_ensemble(
+            ensemble_size, write_quorum, ack_quorum, racks, frozenset(), context.rng
+        )
+        if uuid and scope is not None:
+            raise BadRequest("give scope or uuid=True, not both")
+        if uuid:
+            ledger_id = LedgerId.from_uuid()
+        else:
+            ledger_id = await context.ledgers.generate_ledger_id()
+            if scope is not None:
+                ledger_id = LedgerId(scope, ledger_id.id)
+        metadata = LedgerMetadata.create(
+            ensemble=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest_type=DigestType.parse(digest),
+            password=password,
+            ctime_ms=int(time.time() * 1000),
+            creator_token=os.urandom(16),
+            custom_metadata=custom_metadata,
+        )
+        record = await context.ledgers.create_ledger_metadata(ledger_id, metadata)
+        return LedgerWriter(context, record, password, advanced=advanced)
+
+    async def open_ledger(
+        self, ledger_id: LedgerId | int | str, *, password: bytes = b"", recovery: bool = True
+    ) -> LedgerReader:
+        """A reader. With `recovery`, an open ledger is first fenced and closed (its writer
+        stops); without it, the view ends at the LAC the bookies report."""
+        context = self.context
+        record = await context.ledgers.read_ledger_metadata(LedgerId.parse(ledger_id))
+        record.metadata.check_password(password, record.ledger_id)
+        if recovery:
+            record = await recover(context, record, password)
+        reader = LedgerReader(context, record, password)
+        if record.metadata.state is not LedgerState.CLOSED:
+            await reader.update_last_add_confirmed()
+        return reader
+
+    async def delete_ledger(self, ledger_id: LedgerId | int | str) -> None:
+        """Remove the ledger's metadata; its bookies' garbage collection frees the data."""
+        await self.context.ledgers.remove_ledger_metadata(LedgerId.parse(ledger_id))

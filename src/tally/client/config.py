@@ -1,0 +1,27 @@
+"""A client's settings, with BookKeeper's meaning and defaults where it has the setting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    add_entry_timeout: float = 10.0
+    """Seconds a bookie has to acknowledge an add before it counts as failed (addEntryTimeout)."""
+    read_timeout: float = 10.0
+    """Seconds a bookie has to answer a read before the next replica is tried (readTimeout)."""
+    speculative_read_timeout: float = 2.0
+    """Seconds before a read is also sent to the next replica (speculativeReadTimeout)."""
+    explicit_lac_interval: float = 1.0
+    """Seconds of idleness after which the writer sends its LAC explicitly; 0: never."""
+    max_outstanding_reads: int = 64
+    """Entries read in parallel by a sequential read or by recovery."""
+    placement: str = "default"
+    """`default` (random distinct bookies) or `rack-aware`."""
+    min_num_racks_per_write_quorum: int = 2
+    enforce_min_num_racks_per_write_quorum: bool = False
+    session_timeout: float = 10.0
+    """Metadata store session timeout, seconds."""
+    ensemble_change_retries: int = 10
+    """Metadata CAS attempts for one ensemble change before the writer gives up."""

@@ -1,0 +1,244 @@
+"""Reading a ledger: from the write set in schedule order, with failover and speculation.
+
+An entry is read from the first bookie of its write set; on an error, or when that bookie
+is slow (the speculative read timeout), the next one is asked too, and the first copy
+whose digest verifies wins. One replica's NoSuchEntry is not final while another may
+have the entry. A copy that fails its digest is corruption at rest or on the wire: it is
+logged and counted, and the next replica serves the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from tally.client.context import ClientContext
+from tally.core.digest import mac_key, master_key
+from tally.core.entry_format import Entry, decode_entry
+from tally.core.errors import (
+    BadDigest,
+    BadRequest,
+    NoSuchEntry,
+    NoSuchLedger,
+    TallyError,
+    Timeout,
+)
+from tally.core.ids import LedgerId
+from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.schedule import write_set
+from tally.metadata.ledger_manager import LedgerRecord
+
+log = logging.getLogger(__name__)
+
+CORRUPT_COPIES = Counter(
+    "client_read_corrupt_copies",
+    "Entry copies a bookie served whose digest did not verify (the read used another copy)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    entry_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedEntry:
+    """A verified copy: its bytes as stored (recovery re-writes them) and their fields."""
+
+    raw: bytes
+    entry: Entry
+
+
+class EntryFetcher:
+    """Reads and verifies single entries of one ledger; shared by readers and recovery."""
+
+    def __init__(self, context: ClientContext, ledger_id: LedgerId, password: bytes) -> None:
+        self.context = context
+        self.ledger_id = ledger_id
+        self.mac_key = mac_key(password)
+        self.master_key = master_key(password)
+
+    async def read_from(
+        self,
+        metadata: LedgerMetadata,
+        bookie: str,
+        entry_id: int,
+        *,
+        fencing: bool = False,
+    ) -> FetchedEntry:
+        """One bookie's verified copy of `entry_id` (-1: its last entry)."""
+        connection = await self.context.bookies.get(bookie)
+        raw = await asyncio.wait_for(
+            connection.read(
+                self.ledger_id, entry_id, fencing_key=self.master_key if fencing else None
+            ),
+            self.context.config.read_timeout,
+        )
+        try:
+            entry = decode_entry(raw, metadata.digest_type, self.mac_key)
+        except BadDigest:
+            CORRUPT_COPIES.inc()
+            log.error(
+                "corrupt copy of ledger %s entry %d on bookie %s: digest mismatch",
+                self.ledger_id,
+                entry_id,
+                bookie,
+            )
+            raise
+        if entry.ledger_id != self.ledger_id or (entry_id >= 0 and entry.entry_id != entry_id):
+            CORRUPT_COPIES.inc()
+            raise BadDigest(
+                f"bookie {bookie} answered ledger {entry.ledger_id} entry {entry.entry_id} "
+                f"for ledger {self.ledger_id} entry {entry_id}"
+            )
+        return FetchedEntry(raw, entry)
+
+    async def read(self, metadata: LedgerMetadata, entry_id: int) -> LedgerEntry:
+        """`entry_id` from any replica of its write set, failing over and speculating."""
+        ensemble = metadata.ensemble_at(entry_id)
+        bookies = [
+            ensemble[p] for p in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
+        ]
+        speculative = self.context.config.speculative_read_timeout
+        errors: list[TallyError] = []
+        tasks: set[asyncio.Task[FetchedEntry]] = set()
+        remaining = list(bookies)
+        try:
+            while remaining or tasks:
+                if remaining:
+                    bookie = remaining.pop(0)
+                    tasks.add(asyncio.create_task(self.read_from(metadata, bookie, entry_id)))
+                done, tasks = await asyncio.wait(
+                    tasks,
+                    timeout=speculative if remaining else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    error = task.exception()
+                    if error is None:
+                        fetched = task.result()
+                        return LedgerEntry(entry_id, fetched.entry.payload)
+                    errors.append(_as_tally_error(error))
+        finally:
+            for task in tasks:
+                task.cancel()
+        raise _worst(errors, self.ledger_id, entry_id, bookies)
+
+
+def _as_tally_error(error: BaseException) -> TallyError:
+    if isinstance(error, TallyError):
+        return error
+    if isinstance(error, TimeoutError):
+        return Timeout(str(error) or "read timed out")
+    return TallyError(repr(error))
+
+
+def _worst(
+    errors: list[TallyError], ledger_id: LedgerId, entry_id: int, bookies: list[str]
+) -> TallyError:
+    """What the caller sees when no replica served the entry: NoSuchEntry only when every
+    replica said so; otherwise the first error that is not an absence."""
+    others = [e for e in errors if not isinstance(e, NoSuchEntry | NoSuchLedger)]
+    if others:
+        return others[0]
+    return NoSuchEntry(f"ledger {ledger_id} entry {entry_id} is on none of {bookies}")
+
+
+class LedgerReader:
+    """A read-only view of a ledger: closed (up to its last entry) or open (up to the LAC)."""
+
+    def __init__(self, context: ClientContext, record: LedgerRecord, password: bytes) -> None:
+        self._record = record
+        self._fetcher = EntryFetcher(context, record.ledger_id, password)
+        self._last_add_confirmed = record.metadata.last_entry_id
+
+    @property
+    def ledger_id(self) -> LedgerId:
+        return self._record.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._record.metadata
+
+    @property
+    def is_closed(self) -> bool:
+        return self._record.metadata.state is LedgerState.CLOSED
+
+    @property
+    def last_entry_id(self) -> int:
+        """The last readable entry: the end of a closed ledger, the LAC of an open one."""
+        return self._last_add_confirmed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._last_add_confirmed
+
+    async def update_last_add_confirmed(self) -> int:
+        """Ask the bookies of an open ledger's last segment for the LAC they know (no fence);
+        the highest answer is the new LAC. A closed ledger's end never moves."""
+        if self.is_closed:
+            return self._last_add_confirmed
+        context = self._fetcher.context
+        ensemble = self._record.metadata.segments[-1].ensemble
+
+        async def lac_of(bookie: str) -> int:
+            connection = await context.bookies.get(bookie)
+            return await asyncio.wait_for(
+                connection.read_lac(self.ledger_id), context.config.read_timeout
+            )
+
+        answers = await asyncio.gather(*(lac_of(b) for b in ensemble), return_exceptions=True)
+        known = [a for a in answers if isinstance(a, int)]
+        if known:
+            self._last_add_confirmed = max(self._last_add_confirmed, *known)
+        return self._last_add_confirmed
+
+    async def wait_for(self, entry_id: int, *, timeout: float, poll_interval: float = 0.1) -> int:
+        """Follow the tail: return once the LAC reaches `entry_id` (Timeout otherwise)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while await self.update_last_add_confirmed() < entry_id:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise Timeout(
+                    f"ledger {self.ledger_id}: LAC {self._last_add_confirmed} did not reach "
+                    f"{entry_id} in {timeout}s"
+                )
+            await asyncio.sleep(poll_interval)
+        return self._last_add_confirmed
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        self._check_range(entry_id, entry_id)
+        return await self._fetcher.read(self._record.metadata, entry_id)
+
+    async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
+        """Entries `first`..`last` in order, fetched up to `max_outstanding_reads` at once."""
+        self._check_range(first, last)
+        window = self._fetcher.context.config.max_outstanding_reads
+        metadata = self._record.metadata
+        pending: dict[int, asyncio.Task[LedgerEntry]] = {}
+        next_to_start = first
+        try:
+            for entry_id in range(first, last + 1):
+                while next_to_start <= last and next_to_start < entry_id + window:
+                    pending[next_to_start] = asyncio.create_task(
+                        self._fetcher.read(metadata, next_to_start)
+                    )
+                    next_to_start += 1
+                yield await pending.pop(entry_id)
+        finally:
+            for task in pending.values():
+                task.cancel()
+
+    def _check_range(self, first: int, last: int) -> None:
+        if first < 0 or last < first:
+            raise BadRequest(f"cannot read entries {first}..{last} of ledger {self.ledger_id}")
+        if last > self._last_add_confirmed:
+            raise BadRequest(
+                f"entry {last} of ledger {self.ledger_id} is past its "
+                f"{'last entry' if self.is_closed else 'last add confirmed'} "
+                f"{self._last_add_confirmed}"
+            )

@@ -1,0 +1,411 @@
+"""Writing a ledger: pipelined adds, ensemble changes on failure, and a safe close.
+
+Every decision is `tally.core`'s: `PendingAdds` says when an entry is confirmed (AQ acks,
+strictly in entry order) and which bookies to replace; `LedgerMetadata` says whether an
+ensemble change or a close is a valid transition; the placement policy picks bookies.
+This module sends, receives and compare-and-sets.
+
+An ensemble change swaps failed bookies for new ones from LAC + 1 on: the new segment is
+CASed into the metadata, then the unconfirmed entries are sent to the newcomers. While it
+runs, confirmations are held (the LAC must not pass the new segment's start) and new
+appends wait. If the CAS finds the ledger IN_RECOVERY or CLOSED, another client is
+recovering it: the writer stops with LedgerFenced or LedgerClosed.
+
+A write error after an entry was confirmed is not ignored (BP-31): the bookie is replaced
+before the next add, and the ledger is marked under-replicated for it when the writer
+closes, since the old segment keeps the missing copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+
+from tally.client.context import ClientContext
+from tally.core.digest import mac_key, master_key
+from tally.core.entry_format import encode_entry
+from tally.core.errors import (
+    BadRequest,
+    IllegalOperation,
+    LedgerClosed,
+    LedgerFenced,
+    MetadataVersionConflict,
+    NotEnoughBookies,
+    TallyError,
+    Unauthorized,
+)
+from tally.core.ids import LedgerId
+from tally.core.metadata import LedgerState
+from tally.core.quorum import PendingAdds
+from tally.core.schedule import write_set
+from tally.metadata.ledger_manager import LedgerRecord
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = (LedgerFenced, Unauthorized, LedgerClosed)
+"""Errors from a bookie that end the writer: no other bookie can answer differently."""
+
+
+class LedgerWriter:
+    """The handle of a ledger this client created: `append`, then `close`."""
+
+    def __init__(
+        self,
+        context: ClientContext,
+        record: LedgerRecord,
+        password: bytes,
+        *,
+        advanced: bool = False,
+    ) -> None:
+        metadata = record.metadata
+        if metadata.state is not LedgerState.OPEN:
+            raise IllegalOperation(f"ledger {record.ledger_id} is {metadata.state.name}")
+        self._context = context
+        self._record = record
+        self._advanced = advanced
+        self._mac_key = mac_key(password)
+        self._master_key = master_key(password)
+        self._pending = PendingAdds(
+            metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+        )
+        self._ensemble = list(metadata.segments[-1].ensemble)
+        self._entries: dict[int, bytes] = {}
+        """Encoded entries not yet confirmed: what an ensemble change re-sends."""
+        self._lengths: dict[int, int] = {}
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._unsent: list[int] = []
+        """Entries appended while an ensemble change ran: sent to their write set after it."""
+        self._held: dict[int, bytes] = {}
+        """Advanced mode: payloads given ahead of a gap, sent once the gap fills."""
+        self._length = 0
+        self._confirmed_length = 0
+        self._error: TallyError | None = None
+        self._closed = False
+        self._changing: asyncio.Task[None] | None = None
+        self._replace: set[int] = set()
+        """Positions whose bookie failed: replace them before sending anything new."""
+        self._under_replicated: set[str] = set()
+        self._last_add_time = time.monotonic()
+        self._lac_sent = -1
+        self._lac_task = (
+            asyncio.get_running_loop().create_task(self._explicit_lac_loop())
+            if context.config.explicit_lac_interval > 0
+            else None
+        )
+
+    @property
+    def ledger_id(self) -> LedgerId:
+        return self._record.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._pending.last_add_confirmed
+
+    @property
+    def length(self) -> int:
+        """Bytes of the confirmed entries."""
+        return self._confirmed_length
+
+    @property
+    def metadata(self) -> LedgerRecord:
+        return self._record
+
+    # -- appending -------------------------------------------------------------------
+
+    async def append(self, data: bytes, entry_id: int | None = None) -> int:
+        """Add `data` as the next entry (or as `entry_id` for an advanced ledger); returns
+        its entry id once an ack quorum of bookies has it on disk."""
+        self._check_open()
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise BadRequest(f"an entry is bytes, not {type(data).__name__}")
+        if self._advanced:
+            if entry_id is None:
+                raise BadRequest("an advanced ledger's append needs entry_id")
+            return await self._append_advanced(bytes(data), entry_id)
+        if entry_id is not None:
+            raise BadRequest("entry_id is only for ledgers created with advanced=True")
+        return await self._start_add(bytes(data))
+
+    async def _append_advanced(self, data: bytes, entry_id: int) -> int:
+        """Advanced ledgers take ids in any order; each is sent once the ids below it have
+        been given, as confirmations are in entry order anyway."""
+        if entry_id < self._pending.next_entry_id or entry_id in self._held:
+            raise BadRequest(f"entry {entry_id} of ledger {self.ledger_id} was already given")
+        if entry_id > self._pending.next_entry_id:
+            waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._waiters[entry_id] = waiter
+            self._held[entry_id] = data
+            return await waiter
+        future = self._start_add(data)
+        while (held := self._held.pop(self._pending.next_entry_id, None)) is not None:
+            self._start_add(held)  # resolves the waiter its append is awaiting
+        return await future
+
+    def _start_add(self, data: bytes) -> asyncio.Future[int]:
+        metadata = self._record.metadata
+        entry_id = self._pending.next_entry_id
+        self._length += len(data)
+        encoded = encode_entry(
+            self.ledger_id,
+            entry_id,
+            self._pending.last_add_confirmed,
+            self._length,
+            data,
+            metadata.digest_type,
+            self._mac_key,
+        )
+        positions = self._pending.add(entry_id)
+        self._entries[entry_id] = encoded
+        self._lengths[entry_id] = self._length
+        future = self._waiters.get(entry_id) or asyncio.get_running_loop().create_future()
+        self._waiters[entry_id] = future
+        self._last_add_time = time.monotonic()
+        self._lac_sent = self._pending.last_add_confirmed
+        if self._changing is None and not self._replace:
+            for position in positions:
+                self._send(entry_id, position)
+        else:
+            self._unsent.append(entry_id)
+        return future
+
+    def _send(self, entry_id: int, position: int) -> None:
+        if self._error is not None:
+            return
+        bookie = self._ensemble[position]
+        connection = self._context.bookies.cached(bookie)
+        if connection is None:
+            asyncio.get_running_loop().create_task(
+                self._send_after_dial(entry_id, position, bookie)
+            )
+            return
+        future = connection.add_nowait(self._entries[entry_id], self._master_key)
+        future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
+
+    async def _send_after_dial(self, entry_id: int, position: int, bookie: str) -> None:
+        try:
+            connection = await self._context.bookies.get(bookie)
+        except TallyError as error:
+            self._on_failure(entry_id, position, bookie, error)
+            return
+        if entry_id in self._entries and self._bookie_of(entry_id, position) == bookie:
+            future = connection.add_nowait(self._entries[entry_id], self._master_key)
+            future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
+
+    def _bookie_of(self, entry_id: int, position: int) -> str:
+        """The bookie that holds `entry_id` at `position` by the current metadata."""
+        if entry_id < self._record.metadata.segments[-1].first_entry_id:
+            return self._record.metadata.ensemble_at(entry_id)[position]
+        return self._ensemble[position]
+
+    def _on_add(
+        self, entry_id: int, position: int, bookie: str, future: asyncio.Future[None]
+    ) -> None:
+        if future.cancelled():
+            return
+        if self._bookie_of(entry_id, position) != bookie:
+            return  # an answer from a bookie replaced since: it no longer counts
+        error = future.exception()
+        if error is None:
+            self._pending.ack(entry_id, position)
+            self._release()
+        else:
+            assert isinstance(error, Exception)
+            self._on_failure(entry_id, position, bookie, error)
+
+    def _on_failure(self, entry_id: int, position: int, bookie: str, error: Exception) -> None:
+        if isinstance(error, _TERMINAL):
+            self._fail_all(error)
+            return
+        if position not in self._replace and self._ensemble[position] == bookie:
+            log.warning(
+                "ledger %s: bookie %s failed entry %d, replacing it: %s",
+                self.ledger_id,
+                bookie,
+                entry_id,
+                error,
+            )
+        self._pending.failed(entry_id, position)
+        for confirmed_id, failed_position in self._pending.take_under_replicated():
+            self._under_replicated.add(self._bookie_of(confirmed_id, failed_position))
+        if self._ensemble[position] == bookie:
+            self._replace.add(position)
+        self._start_ensemble_change()
+        self._release()
+
+    def _release(self) -> None:
+        if self._changing is not None or self._error is not None:
+            return
+        for entry_id in self._pending.release():
+            self._entries.pop(entry_id, None)
+            self._confirmed_length = self._lengths.pop(entry_id)
+            waiter = self._waiters.pop(entry_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(entry_id)
+
+    def _fail_all(self, error: TallyError) -> None:
+        if self._error is None:
+            self._error = error
+            log.warning("ledger %s: writer stops: %s", self.ledger_id, error)
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(self._error)
+        self._waiters.clear()
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise LedgerClosed(f"ledger {self.ledger_id} was closed by this writer")
+
+    # -- ensemble changes ----------------------------------------------------------------
+
+    def _start_ensemble_change(self) -> None:
+        if self._changing is None and self._replace and self._error is None:
+            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._replace and self._error is None:
+                positions = sorted(self._replace)
+                await self._cas_new_segment(positions)
+                self._replace.difference_update(positions)
+                unsent = set(self._unsent)
+                for position in positions:
+                    for entry_id in self._pending.replace(position):
+                        if entry_id not in unsent:
+                            self._send(entry_id, position)
+            metadata = self._record.metadata
+            for entry_id in self._unsent:
+                for position in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum):
+                    self._send(entry_id, position)
+            self._unsent.clear()
+        except TallyError as error:
+            self._fail_all(error)
+        finally:
+            self._changing = None
+        self._release()
+
+    async def _cas_new_segment(self, positions: list[int]) -> None:
+        context = self._context
+        failed = {self._ensemble[p] for p in positions}
+        for _ in range(context.config.ensemble_change_retries):
+            racks = await context.racks()
+            ensemble = list(self._ensemble)
+            exclude = failed | set(ensemble)
+            for position in positions:
+                ensemble[position] = context.policy.replace_bookie(
+                    tuple(ensemble),
+                    position,
+                    self._record.metadata.write_quorum,
+                    racks,
+                    exclude,
+                    context.rng,
+                )
+                exclude.add(ensemble[position])
+            first = self._pending.last_add_confirmed + 1
+            record = self._record
+            try:
+                metadata = record.metadata.with_ensemble_change(first, tuple(ensemble))
+                self._record = await context.ledgers.write_ledger_metadata(
+                    self.ledger_id, metadata, record.version
+                )
+            except MetadataVersionConflict:
+                self._record = await context.ledgers.read_ledger_metadata(self.ledger_id)
+                self._stop_if_taken_over()
+                continue
+            except (LedgerFenced, LedgerClosed):
+                raise
+            log.info(
+                "ledger %s: ensemble change at entry %d: %s -> %s",
+                self.ledger_id,
+                first,
+                sorted(failed),
+                [ensemble[p] for p in positions],
+            )
+            self._ensemble = ensemble
+            return
+        raise NotEnoughBookies(
+            f"ledger {self.ledger_id}: no ensemble change after "
+            f"{context.config.ensemble_change_retries} attempts"
+        )
+
+    def _stop_if_taken_over(self) -> None:
+        state = self._record.metadata.state
+        if state is LedgerState.IN_RECOVERY:
+            raise LedgerFenced(f"ledger {self.ledger_id} is being recovered by another client")
+        if state is LedgerState.CLOSED:
+            raise LedgerClosed(
+                f"ledger {self.ledger_id} was closed by another client at entry "
+                f"{self._record.metadata.last_entry_id}"
+            )
+
+    # -- explicit LAC ----------------------------------------------------------------------
+
+    async def _explicit_lac_loop(self) -> None:
+        """When the writer goes idle, readers following the tail learn the LAC anyway."""
+        interval = self._context.config.explicit_lac_interval
+        while not self._closed and self._error is None:
+            await asyncio.sleep(interval)
+            lac = self._pending.last_add_confirmed
+            if lac <= self._lac_sent or time.monotonic() - self._last_add_time < interval:
+                continue
+            self._lac_sent = lac
+            for bookie in self._ensemble:
+                connection = self._context.bookies.cached(bookie)
+                if connection is not None:
+                    task = asyncio.get_running_loop().create_task(
+                        connection.write_lac(self.ledger_id, self._master_key, lac)
+                    )
+                    task.add_done_callback(_ignore_result)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for the adds in flight, then CAS the ledger CLOSED at the LAC."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+        pending = [w for w in self._waiters.values() if not w.done()]
+        if pending and self._error is None:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._changing is not None:
+            await asyncio.gather(self._changing, return_exceptions=True)
+        if isinstance(self._error, LedgerFenced | LedgerClosed):
+            raise self._error
+        last, length = self._pending.last_add_confirmed, self._confirmed_length
+        context = self._context
+        while True:
+            record = self._record
+            metadata = record.metadata.close(last, length)
+            if metadata is record.metadata:
+                break
+            try:
+                self._record = await context.ledgers.write_ledger_metadata(
+                    self.ledger_id, metadata, record.version
+                )
+                break
+            except MetadataVersionConflict:
+                self._record = await context.ledgers.read_ledger_metadata(self.ledger_id)
+                if self._record.metadata.state is LedgerState.IN_RECOVERY:
+                    raise LedgerFenced(
+                        f"ledger {self.ledger_id} is being recovered by another client"
+                    ) from None
+        if self._under_replicated:
+            await context.under_replication.mark_under_replicated(
+                self.ledger_id, self._under_replicated
+            )
+            log.warning(
+                "ledger %s closed with copies missing on %s: marked under-replicated",
+                self.ledger_id,
+                sorted(self._under_replicated),
+            )
+
+
+def _ignore_result(task: asyncio.Task[None]) -> None:
+    """An explicit LAC is advisory: a bookie that misses one learns the LAC later."""
+    if not task.cancelled():
+        task.exception()
