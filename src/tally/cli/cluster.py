@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 
@@ -50,6 +52,11 @@ def _with_store(uri: str, timeout: float, action: Callable[[MetadataStore], Awai
 @app.command("init")
 def init(metadata: Metadata, timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT) -> None:
     """Create a new cluster (with a random instance id); a no-op where one exists."""
+    parts = urlsplit(metadata)
+    if parts.scheme == "sqlite" and parts.path not in ("", "/"):
+        # A new embedded store's directory is created here, and only here: elsewhere a
+        # missing directory means a wrong URI.
+        Path(parts.path).parent.mkdir(parents=True, exist_ok=True)
     result: InitResult = _with_store(metadata, timeout, init_cluster)
     info = result.info
     if result.created:
