@@ -23,7 +23,8 @@ class BookieConfig:
     rack: str | None = None
     """Network location such as /region/rack, stored for the placement policy."""
     metrics_port: int | None = None
-    """Serve Prometheus /metrics on this port (0: any free port); None: no HTTP."""
+    """Serve the admin HTTP app (/metrics, /heartbeat, /api/v1/...) on this port (0: any
+    free port); None: no HTTP."""
     session_timeout: float = 10.0
     """Metadata store session timeout, seconds (BookKeeper's zkTimeout)."""
     journal_file_size: int = 2 * 1024**3

@@ -19,13 +19,12 @@ import logging
 import shutil
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter
 
 import tally
 from tally.bookie import records
@@ -52,6 +51,13 @@ from tally.metadata.store import MetadataStore, open_store
 
 log = logging.getLogger(__name__)
 
+AdminHttp = Callable[
+    [MetadataStore, "Bookie", CollectorRegistry, str, int],
+    Awaitable[tuple["asyncio.Task[None]", int]],
+]
+"""Starts a process's admin HTTP app (the face provides it: layers import downwards):
+(store, bookie, metrics registry, host, port) -> (serving task, port)."""
+
 DUMP_LEDGERS_PER_TURN = 64
 """AVAILABILITY_DUMP reads this many ledgers between two yields to the event loop."""
 
@@ -59,8 +65,9 @@ DUMP_LEDGERS_PER_TURN = 64
 class Bookie:
     """One bookie: call `start`, then `wait_stopped`; `stop` from a signal handler."""
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, *, admin_http: AdminHttp | None = None) -> None:
         self.config = config
+        self._admin_http = admin_http
         self.metrics = BookieMetrics()
         self.disk = DiskState(
             DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)
@@ -68,7 +75,7 @@ class Bookie:
         self.address = ""
         self.bookie_id = ""
         self.metrics_port: int | None = None
-        self._metrics_server: WSGIServer | None = None
+        self._http_task: asyncio.Task[None] | None = None
         self._store: MetadataStore | None = None
         self._registry: BookieRegistry | None = None
         self._server: asyncio.Server | None = None
@@ -144,11 +151,10 @@ class Bookie:
         self.metrics.watch(
             lambda: self.journal.stats, lambda: self.storage.stats(), ledger_dir / "index"
         )
-        if config.metrics_port is not None:
-            self._metrics_server, _ = start_http_server(
-                config.metrics_port, addr=host, registry=self.metrics.registry
+        if config.metrics_port is not None and self._admin_http is not None:
+            self._http_task, self.metrics_port = await self._admin_http(
+                self._store, self, self.metrics.registry, host, config.metrics_port
             )
-            self.metrics_port = self._metrics_server.server_port
         self._refresh_disk_usage()
         await self._server.start_serving()
         self._registry = BookieRegistry(self._store)
@@ -165,7 +171,7 @@ class Bookie:
             self.bookie_id,
             self.address,
             self.disk.mode.value,
-            f", metrics on :{self.metrics_port}" if self.metrics_port else "",
+            f", admin HTTP and /metrics on :{self.metrics_port}" if self.metrics_port else "",
         )
 
     def _replay(self) -> int:
@@ -211,9 +217,10 @@ class Bookie:
                 await self._registry.unregister(self.bookie_id)
         if self._store is not None:
             await self._store.close()
-        if self._metrics_server is not None:
-            await asyncio.to_thread(self._metrics_server.shutdown)
-            self._metrics_server.server_close()
+        if self._http_task is not None:
+            self._http_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._http_task
         self._stopped.set()
         log.info("bookie %s stopped", self.bookie_id)
 

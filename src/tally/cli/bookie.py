@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from prometheus_client import CollectorRegistry
 
 from tally.bookie.config import BookieConfig
 from tally.bookie.server import Bookie
 from tally.config import load
 from tally.core.errors import TallyError
+from tally.metadata.store import MetadataStore
 
 
 def run(
@@ -27,7 +29,8 @@ def run(
     ] = None,
     rack: Annotated[str | None, typer.Option(help="Network location, e.g. /region/rack.")] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus /metrics on this port.")
+        int | None,
+        typer.Option(help="Serve the admin HTTP API and Prometheus /metrics on this port."),
     ] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file with a [bookie] section.")] = None,
 ) -> None:
@@ -56,7 +59,7 @@ def run(
 
 
 async def _serve(settings: BookieConfig) -> None:
-    bookie = Bookie(settings)
+    bookie = Bookie(settings, admin_http=_admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: loop.create_task(bookie.stop()))
@@ -67,3 +70,11 @@ async def _serve(settings: BookieConfig) -> None:
         raise
     print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
     await bookie.wait_stopped()
+
+
+async def _admin_http(
+    store: MetadataStore, bookie: Bookie, registry: CollectorRegistry, host: str, port: int
+) -> tuple[asyncio.Task[None], int]:
+    from tally.http.admin import create_app, serve
+
+    return await serve(create_app(store, bookie=bookie, registry=registry), host, port)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import bookie, cluster, demo
+from tally.cli import bookie, cluster, demo, local, shell
 
 app = typer.Typer(
     name="tally",
@@ -15,6 +15,8 @@ app = typer.Typer(
 app.command("demo")(demo.run)
 app.add_typer(cluster.app, name="cluster")
 app.command("bookie")(bookie.run)
+app.add_typer(local.app, name="local")
+app.add_typer(shell.app, name="shell")
 
 
 @app.callback()

@@ -1,0 +1,286 @@
+"""The admin HTTP app that every long-running tally process serves: health, Prometheus
+metrics and read-only views of the cluster, with an OpenAPI document of itself.
+
+FastAPI because the OpenAPI document is generated from the routes, so it cannot drift
+from them, and query parameters are typed and validated (a bad one gets a 422 naming it);
+uvicorn because its `Server` runs as one more task on the process's own event loop, next
+to the bookie, sharing its metadata session.
+
+A process wires it in two lines:
+
+    app = create_app(store, bookie=self, registry=self.metrics.registry)
+    self._http, self.http_port = await serve(app, host, port)
+
+and stops it by cancelling the task (`self._http.cancel(); await self._http`), which
+closes the listening socket and the open connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import shutil
+import socket
+from collections.abc import Iterator
+from typing import Annotated, Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+import tally
+from tally.bookie.config import BookieConfig
+from tally.cli.shell import bookie_views, ledger_view
+from tally.core.disk_usage import DiskState
+from tally.core.errors import (
+    BadRequest,
+    ClusterNotInitialised,
+    MalformedData,
+    MetadataStoreError,
+    NoSuchKey,
+    NoSuchLedger,
+    TallyError,
+    Timeout,
+)
+from tally.core.ids import LedgerId
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.store import MetadataStore
+
+MAX_PAGE_SIZE = 10_000
+SHUTDOWN_GRACE = 2
+"""Seconds open requests get to finish when the server stops."""
+
+
+class LocalBookie(Protocol):
+    """What /api/v1/bookie/info reports of the bookie running in this process."""
+
+    @property
+    def bookie_id(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def disk(self) -> DiskState: ...
+    @property
+    def config(self) -> BookieConfig: ...
+
+
+class BookieType(enum.Enum):
+    """BookKeeper's filter of the bookie list: read-write, read-only, or both."""
+
+    RW = "rw"
+    RO = "ro"
+    ALL = "all"
+
+
+_STATES = {
+    BookieType.RW: ("writable",),
+    BookieType.RO: ("readonly",),
+    BookieType.ALL: ("writable", "readonly"),
+}
+
+_ERROR_STATUS: tuple[tuple[tuple[type[TallyError], ...], int], ...] = (
+    ((MalformedData,), 500),
+    ((BadRequest,), 400),
+    ((NoSuchLedger, NoSuchKey), 404),
+    ((ClusterNotInitialised, MetadataStoreError, Timeout), 503),
+)
+"""The first row whose types match an error gives the status; anything else is 500.
+Metadata that does not decode is the server's problem, not a bad request."""
+
+
+def _status(error: TallyError) -> int:
+    for types, status in _ERROR_STATUS:
+        if isinstance(error, types):
+            return status
+    return 500
+
+
+def _error(status: int, error: str, reason: str) -> JSONResponse:
+    return JSONResponse({"error": error, "reason": reason}, status_code=status)
+
+
+def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route may give, for the OpenAPI document."""
+    meaning = {
+        400: "A parameter is invalid; `reason` says which and why",
+        404: "Not found; `reason` says what",
+        500: "Stored metadata does not decode; `reason` names the key",
+        503: "The metadata store is unreachable",
+    }
+    return {status: {"description": meaning[status]} for status in statuses}
+
+
+def create_app(
+    store: MetadataStore,
+    *,
+    bookie: LocalBookie | None = None,
+    registry: CollectorRegistry = REGISTRY,
+) -> FastAPI:
+    """The admin app of a process with a session on `store`, running `bookie` (if any) and
+    exporting the metrics of `registry`."""
+    ledgers = LedgerManager(store)
+    app = FastAPI(
+        title="tally admin",
+        version=tally.__version__,
+        description="Health, metrics and read-only views of a tally cluster.",
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    @app.exception_handler(TallyError)
+    async def tally_error(request: Request, error: TallyError) -> JSONResponse:
+        return _error(_status(error), type(error).__name__, str(error))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameter(request: Request, error: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422, with the `reason` every other error answer has."""
+        details = jsonable_encoder(error.errors())
+        reason = "; ".join(
+            f"{'.'.join(str(part) for part in d['loc'])}: {d['msg']}" for d in details
+        )
+        return JSONResponse(
+            {"error": "BadRequest", "reason": reason, "detail": details}, status_code=422
+        )
+
+    @app.get("/heartbeat", response_class=PlainTextResponse, summary="Liveness")
+    async def heartbeat() -> str:
+        """`OK` while the process serves requests."""
+        return "OK\n"
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        summary="Prometheus metrics",
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
+    async def metrics() -> Response:
+        """The process's metrics in the Prometheus text format."""
+        body = await asyncio.to_thread(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/v1/bookie/info", summary="This process's bookie", responses=_documented(404))
+    async def bookie_info() -> Any:
+        """The bookie running in this process: identity, mode and disk space."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie; see /api/v1/bookie/list")
+        config = bookie.config
+        usage = await asyncio.to_thread(shutil.disk_usage, config.ledger_directory)
+        return {
+            "bookie_id": bookie.bookie_id,
+            "address": bookie.address,
+            "state": bookie.disk.mode.value,
+            "state_reason": bookie.disk.reason,
+            "version": tally.__version__,
+            "journal_directory": str(config.journal_directory),
+            "ledger_directory": str(config.ledger_directory),
+            "total_space": usage.total,
+            "free_space": usage.free,
+        }
+
+    @app.get("/api/v1/bookie/list", summary="Registered bookies", responses=_documented(503))
+    async def bookie_list(
+        bookie_type: Annotated[
+            BookieType, Query(alias="type", description="rw: writable, ro: read-only, all: both")
+        ] = BookieType.ALL,
+    ) -> list[dict[str, Any]]:
+        """The registered bookies with their state, address, version and rack."""
+        return await bookie_views(store, _STATES[bookie_type])
+
+    @app.get("/api/v1/ledger/list", summary="Ledgers, a page at a time", responses=_documented(503))
+    async def ledger_list(
+        page: Annotated[int, Query(ge=0, description="Page number, from 0")] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Ledgers a page")] = 1000,
+        print_metadata: Annotated[
+            bool, Query(description="Each ledger's metadata too, not only its id")
+        ] = False,
+    ) -> dict[str, Any]:
+        """Ledgers in id order; `next_page` is null on the last page. A key whose metadata
+        does not decode takes its place in the order and is listed under `unreadable`."""
+        skip, more = page * limit, False
+        found: list[dict[str, Any]] = []
+        unreadable: list[dict[str, str]] = []
+        async for chunk in ledgers.ledger_pages(limit):
+            items: list[dict[str, Any]] = [
+                ledger_view(r) if print_metadata else _ids(r.ledger_id) for r in chunk.ledgers
+            ]
+            items += ({"path": u.path, "reason": str(u.error)} for u in chunk.unreadable)
+            for index, item in enumerate(items):
+                if skip:
+                    skip -= 1
+                elif len(found) + len(unreadable) == limit:
+                    more = True
+                    break
+                else:
+                    (found if index < len(chunk.ledgers) else unreadable).append(item)
+            if more:
+                break
+        return {
+            "ledgers": found,
+            "unreadable": unreadable,
+            "page": page,
+            "next_page": page + 1 if more else None,
+        }
+
+    @app.get(
+        "/api/v1/ledger/metadata",
+        summary="One ledger's metadata",
+        responses=_documented(400, 404, 500, 503),
+    )
+    async def ledger_metadata(
+        ledger_id: Annotated[
+            str, Query(description="Ledger id (42) or qualified name (32 hex digits)")
+        ],
+    ) -> dict[str, Any]:
+        """The ledger's metadata, with every segment's ensemble of bookies."""
+        return ledger_view(await ledgers.read_ledger_metadata(LedgerId.parse(ledger_id)))
+
+    return app
+
+
+def _ids(ledger_id: LedgerId) -> dict[str, str]:
+    return {"ledger_id": str(ledger_id), "qualified_name": ledger_id.qualified_name}
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves the process's signal handlers to the process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(app: FastAPI, host: str, port: int) -> tuple[asyncio.Task[None], int]:
+    """Serve `app` on host:port (0: any free port) in the running event loop; the serving
+    task and the port listened on. Cancelling the task stops the server gracefully."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.create_server((host, port), family=family)
+    except OSError as error:
+        raise BadRequest(f"admin HTTP: cannot listen on {host}:{port}: {error}") from error
+    listener.setblocking(False)
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(_run(server, listener), name=f"admin-http-{host}:{port}")
+    return task, int(listener.getsockname()[1])
+
+
+async def _run(server: uvicorn.Server, listener: socket.socket) -> None:
+    serving = asyncio.ensure_future(server.serve(sockets=[listener]))
+    try:
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        await serving
+        raise
+    finally:
+        listener.close()

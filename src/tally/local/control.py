@@ -1,0 +1,113 @@
+"""`tally local stop | start-bookie`: act on a running local cluster from another shell.
+
+Both go through `local.json`. `stop` signals the supervisor, which stops its children in
+order; only when the supervisor is gone (SIGKILLed, say) does it stop the survivors itself.
+`start-bookie` leaves a start request for the supervisor rather than starting the bookie
+itself, so the bookie is the supervisor's child like the others (see `supervisor`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from tally.core.errors import BookieUnavailable, IllegalOperation, Timeout
+from tally.local.processes import describe_exit, log_tail, terminate_group, wait_gone
+from tally.local.services import services
+from tally.local.state import DataDir, LocalState, ProcessRecord
+from tally.local.supervisor import LOG_TAIL_LINES, READY_TIMEOUT, STOP_TIMEOUT, Report
+
+REQUEST_POLL = 0.1
+SUPERVISOR_STOP_TIMEOUT = STOP_TIMEOUT + 15.0
+"""The supervisor's own stop: its children's, plus writing down how they ended."""
+
+
+def stop_cluster(data_dir: DataDir, report: Report) -> bool:
+    """Stop the supervisor and, through it or directly, every process of the cluster.
+
+    False when nothing was running.
+    """
+    supervisor = data_dir.require().supervisor
+    supervised = supervisor is not None and supervisor.running
+    if supervised:
+        assert supervisor is not None
+        report(f"stopping the supervisor (pid {supervisor.pid}) and its processes")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor.pid, signal.SIGTERM)
+        if not wait_gone(supervisor.pid, supervisor.token, SUPERVISOR_STOP_TIMEOUT):
+            report(
+                f"the supervisor did not stop in {SUPERVISOR_STOP_TIMEOUT:.0f}s: SIGKILL",
+                alarm=True,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor.pid, signal.SIGKILL)
+            wait_gone(supervisor.pid, supervisor.token, STOP_TIMEOUT)
+
+    survivors: list[str] = []
+
+    def stop_survivors(state: LocalState) -> LocalState:
+        for name, run in state.processes.items():
+            if run.running:
+                survivors.append(name)
+                report(f"stopping {name} (pid {run.pid}) directly: its supervisor is gone")
+                if not terminate_group(run.pid, run.token, STOP_TIMEOUT):
+                    report(f"{name} did not stop in {STOP_TIMEOUT:.0f}s: killed", alarm=True)
+        return dataclasses.replace(state, supervisor=None, start_requests=frozenset())
+
+    data_dir.update(stop_survivors)
+    return supervised or bool(survivors)
+
+
+@dataclass(frozen=True)
+class Started:
+    name: str
+    run: ProcessRecord
+    already: bool
+    """True when it was running before: nothing was started."""
+
+
+def start_bookie(data_dir: DataDir, index: int) -> Started:
+    """Have the supervisor start bookie `index` again; returns once it serves.
+
+    IllegalOperation when the cluster does not run; BookieUnavailable (with the end of its
+    log) when the bookie exits while starting; Timeout when it does not serve in time.
+    """
+    root = data_dir.root
+    with data_dir.locked():
+        state = data_dir.require()
+        name = state.slot(index).name
+        if not state.supervisor_running():
+            raise IllegalOperation(
+                f"the local cluster in {root} is not running: "
+                f"`tally local up --data-dir {root}` starts it with all its bookies"
+            )
+        running = state.running(name)
+        if running is not None:
+            return Started(name, running, already=True)
+        before = state.processes.get(name)
+        data_dir.write(dataclasses.replace(state, start_requests=state.start_requests | {name}))
+
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        state = data_dir.require()
+        run = state.processes.get(name)
+        if run is not None and run != before:  # the supervisor started it
+            if services(state, root)[name].is_ready(run):
+                return Started(name, run, already=False)
+            if run.exit_code is not None:
+                tail = "\n".join(log_tail(state.slot(index).log, LOG_TAIL_LINES, run.log_offset))
+                raise BookieUnavailable(
+                    f"{name} exited while starting ({describe_exit(run.exit_code)}):\n{tail}"
+                )
+        elif name not in state.start_requests:
+            raise IllegalOperation(f"the supervisor of {root} did not start {name}: see its output")
+        if not state.supervisor_running():
+            raise IllegalOperation(f"the supervisor of {root} stopped while starting {name}")
+        if time.monotonic() > deadline:
+            log = state.slot(index).log
+            raise Timeout(f"{name} did not serve within {READY_TIMEOUT:.0f}s: see {log}")
+        time.sleep(REQUEST_POLL)

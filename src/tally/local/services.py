@@ -1,0 +1,62 @@
+"""The processes of a local cluster, each described the same way so one supervisor runs all.
+
+A `Service` says how to start a process, where its output goes and which line it prints
+once it serves. The supervisor needs nothing else: it starts, waits for, watches and stops
+every service alike. A new kind of process (the auto-recovery process, the admin HTTP
+server) is a function building its Service from the state, added to `services`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tally.local.processes import log_since
+from tally.local.state import BookieSlot, LocalState, ProcessRecord
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    """Its key in `local.json`'s processes ("bookie-2")."""
+    argv: tuple[str, ...]
+    log: Path
+    """Its stdout and stderr, appended run after run."""
+    ready_text: str
+    """What its output holds once it serves (and not before)."""
+    restart_hint: str
+    """How an operator starts it again after it died."""
+
+    def is_ready(self, run: ProcessRecord) -> bool:
+        """True once this run (whose output starts at its log offset) said it serves."""
+        return self.ready_text in log_since(self.log, run.log_offset)
+
+
+def tally_command(*args: str) -> tuple[str, ...]:
+    """The tally CLI in this interpreter, so children run the same tally as the supervisor."""
+    return (sys.executable, "-m", "tally.cli.main", *args)
+
+
+def bookie_service(state: LocalState, slot: BookieSlot, data_dir: Path) -> Service:
+    """The bookie of `slot`; other settings come from TALLY_BOOKIE_* variables, inherited."""
+    argv = tally_command(
+        "bookie",
+        "--metadata", state.metadata,
+        "--data-dir", str(slot.data_dir),
+        "--listen", slot.bookie_id,
+        "--rack", slot.rack,
+        "--metrics-port", str(slot.metrics_port),
+    )  # fmt: skip
+    return Service(
+        name=slot.name,
+        argv=argv,
+        log=slot.log,
+        ready_text=f"bookie {slot.bookie_id} ready on ",
+        restart_hint=f"tally local start-bookie {slot.index} --data-dir {data_dir}",
+    )
+
+
+def services(state: LocalState, data_dir: Path) -> dict[str, Service]:
+    """Every process of the local cluster by name, in start order."""
+    return {slot.name: bookie_service(state, slot, data_dir) for slot in state.bookies}

@@ -1,0 +1,283 @@
+"""`tally local up`: start the local cluster's processes, watch them, and stop them all.
+
+The supervisor is the parent of every process it runs, each in a process group of its own
+(so a Ctrl-C in the terminal reaches the supervisor alone, which then stops the others in
+order) with its output appended to its log. A process that dies is reported with its exit
+status and the end of its log, and stays down: restarting it silently would hide the crash
+that the operator of a durability system most needs to see. `tally local start-bookie`
+asks for a restart by adding a start request to `local.json`, which the supervisor polls;
+so a restarted bookie is again the supervisor's child, whose exit status it can report
+and which it stops with the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from types import FrameType
+from typing import Protocol
+
+from tally.core.errors import BadRequest, IllegalOperation
+from tally.local.processes import describe_exit, log_tail, signal_group, signal_name
+from tally.local.services import Service, services
+from tally.local.state import DataDir, LocalState, ProcessRecord, plan_bookies
+from tally.metadata.cluster import InitResult, init_cluster
+from tally.metadata.store import open_store
+
+DEFAULT_BOOKIES = 3
+DEFAULT_RACKS = 2
+READY_TIMEOUT = 60.0
+"""Seconds a process has to say it serves. A bookie restarted after a crash may first wait
+up to twice its session timeout for its old registration to lapse."""
+STOP_TIMEOUT = 30.0
+"""Seconds a process has to stop cleanly after SIGTERM before it gets SIGKILL."""
+POLL_INTERVAL = 0.2
+LOG_TAIL_LINES = 12
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Report(Protocol):
+    """Where the supervisor tells what happens; `alarm` marks what went wrong."""
+
+    def __call__(self, message: str, *, alarm: bool = False) -> None: ...
+
+
+@dataclass
+class _Child:
+    service: Service
+    process: subprocess.Popen[bytes]
+    run: ProcessRecord
+    ready: bool = False
+
+
+class Supervisor:
+    """Runs the services of one data directory; the process that runs it is the supervisor."""
+
+    def __init__(self, data_dir: DataDir, report: Report) -> None:
+        self.data_dir = data_dir
+        self.report = report
+        self._children: dict[str, _Child] = {}
+        self._stop_signal: int | None = None
+        """Set by the signal handler alone: a plain attribute, as a lock taken there could be
+        the one the interrupted code holds."""
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def run(
+        self,
+        bookies: int | None,
+        racks: int | None,
+        on_ready: Callable[[LocalState, InitResult], None],
+    ) -> int:
+        """Claim the data dir, start everything, supervise until a stop signal; exit code.
+
+        IllegalOperation, before anything starts, if the data dir's cluster already runs.
+        """
+        state = self._claim(bookies, racks)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._on_signal)
+        try:
+            init = asyncio.run(_init_cluster(state.metadata))
+            if not self._start_all(state):
+                return 0 if self._stop_signal is not None else 1
+            on_ready(self.data_dir.require(), init)
+            while self._stop_signal is None:
+                time.sleep(POLL_INTERVAL)
+                for child in self._watch():
+                    self._report_exit(child, f"It stays down: `{child.service.restart_hint}`")
+                self._take_start_requests()
+            return 0
+        finally:
+            if self._stop_signal is not None:
+                self.report(f"{signal_name(self._stop_signal)} received: stopping")
+            self._stop_all()
+            self.data_dir.update(
+                lambda s: dataclasses.replace(s, supervisor=None, start_requests=frozenset())
+            )
+            self.report(f"local cluster in {self.data_dir.root} stopped")
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def _claim(self, bookies: int | None, racks: int | None) -> LocalState:
+        """Become the supervisor recorded in `local.json` (creating the cluster's plan)."""
+        root = self.data_dir.root
+        with self.data_dir.locked():
+            state = self.data_dir.read()
+            if state is None:
+                state = LocalState(
+                    self.data_dir.metadata_uri,
+                    plan_bookies(root, bookies or DEFAULT_BOOKIES, racks or DEFAULT_RACKS),
+                )
+            else:
+                _check_shape(state, bookies, racks, self.data_dir)
+                other = state.supervisor
+                if other is not None and other.running:
+                    raise IllegalOperation(
+                        f"a local cluster already runs in {root} (supervisor pid "
+                        f"{other.pid}): see `tally local status --data-dir {root}`, "
+                        f"or stop it with `tally local stop --data-dir {root}`"
+                    )
+                survivors = [
+                    f"{name} (pid {run.pid})"
+                    for name, run in state.processes.items()
+                    if state.running(name)
+                ]
+                if survivors:
+                    raise IllegalOperation(
+                        f"{', '.join(survivors)} still run(s) in {root} after their supervisor "
+                        f"died: stop them with `tally local stop --data-dir {root}` first"
+                    )
+            state = dataclasses.replace(
+                state, supervisor=ProcessRecord.of(os.getpid()), start_requests=frozenset()
+            )
+            self.data_dir.write(state)
+        return state
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _start_all(self, state: LocalState) -> bool:
+        """Start every service and wait until all serve; False (reported) if one does not."""
+        started = [self._spawn(service) for service in services(state, self.data_dir.root).values()]
+        self.data_dir.update(lambda s: _with_runs(s, started))
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not all(child.ready for child in self._children.values()):
+            ended = self._watch()
+            for child in ended:
+                self._report_exit(child, "The local cluster cannot start without it.")
+            if ended or self._stop_signal is not None:
+                return False
+            if time.monotonic() > deadline:
+                late = [c.service.name for c in self._children.values() if not c.ready]
+                self.report(
+                    f"{', '.join(late)} not ready within {READY_TIMEOUT:.0f}s; see the log(s) "
+                    f"in {self.data_dir.root / 'logs'}",
+                    alarm=True,
+                )
+                return False
+            time.sleep(POLL_INTERVAL)
+        return True
+
+    def _spawn(self, service: Service) -> _Child:
+        service.log.parent.mkdir(parents=True, exist_ok=True)
+        with service.log.open("ab") as log:
+            stamp = datetime.now().isoformat(sep=" ", timespec="seconds")
+            log.write(f"--- {stamp} tally local: starting {service.name}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                service.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            child = _Child(service, process, ProcessRecord.of(process.pid, log.tell()))
+        self._children[service.name] = child
+        return child
+
+    def _take_start_requests(self) -> None:
+        """Start what `start-bookie` asked for, unless it runs already."""
+        if not self.data_dir.require().start_requests:
+            return
+        with self.data_dir.locked():
+            state = self.data_dir.require()
+            known = services(state, self.data_dir.root)
+            later = set()
+            for name in sorted(state.start_requests):
+                running = self._children.get(name)
+                if running is not None:
+                    if running.process.poll() is not None:
+                        later.add(name)  # ended, not yet reported: start it next time round
+                    continue
+                if name not in known:
+                    continue
+                try:
+                    child = self._spawn(known[name])
+                except OSError as error:
+                    self.report(f"{name} could not be started: {error}", alarm=True)
+                    continue
+                self.report(f"{name} starting again (pid {child.run.pid}), as requested")
+                state = state.with_process(name, child.run)
+            self.data_dir.write(dataclasses.replace(state, start_requests=frozenset(later)))
+
+    # -- watching ------------------------------------------------------------------------
+
+    def _watch(self) -> list[_Child]:
+        """Note who became ready (reported) and who ended (recorded); the ended ones."""
+        ended = []
+        for name, child in list(self._children.items()):
+            code = child.process.poll()
+            if code is not None:
+                del self._children[name]
+                child.run = dataclasses.replace(child.run, exit_code=code)
+                ended.append(child)
+            elif not child.ready and child.service.is_ready(child.run):
+                child.ready = True
+                self.report(f"{name} ready (pid {child.run.pid})")
+        if ended:
+            self.data_dir.update(lambda s: _with_runs(s, ended))
+        return ended
+
+    def _report_exit(self, child: _Child, consequence: str) -> None:
+        service = child.service
+        lines = log_tail(service.log, LOG_TAIL_LINES, child.run.log_offset)
+        self.report(
+            f"{service.name} (pid {child.run.pid}) exited: "
+            f"{describe_exit(child.run.exit_code)}. {consequence}",
+            alarm=True,
+        )
+        self.report(f"last lines of {service.log}:")
+        for line in lines or ["(nothing)"]:
+            self.report(f"  | {line}")
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def _stop_all(self) -> None:
+        """SIGTERM every child, wait, SIGKILL the ones that overstay; record how they ended."""
+        children = list(self._children.values())
+        for child in children:
+            signal_group(child.run.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in children:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.report(
+                    f"{child.service.name} did not stop in {STOP_TIMEOUT:.0f}s: SIGKILL",
+                    alarm=True,
+                )
+                signal_group(child.run.pid, signal.SIGKILL)
+                child.process.wait()
+            child.run = dataclasses.replace(child.run, exit_code=child.process.returncode)
+            self.report(f"{child.service.name} stopped ({describe_exit(child.run.exit_code)})")
+        self._children.clear()
+        self.data_dir.update(lambda s: _with_runs(s, children))
+
+
+def _with_runs(state: LocalState, children: list[_Child]) -> LocalState:
+    for child in children:
+        state = state.with_process(child.service.name, child.run)
+    return state
+
+
+def _check_shape(state: LocalState, bookies: int | None, racks: int | None, data: DataDir) -> None:
+    """A cluster keeps its bookies (ids, data) and racks: refuse a request for another shape."""
+    if (bookies is None or bookies == len(state.bookies)) and (racks in (None, state.racks)):
+        return
+    raise BadRequest(
+        f"{data.root} holds a local cluster of {len(state.bookies)} bookies on {state.racks} "
+        f"racks, which keep their ids and data: run `tally local up --data-dir {data.root}` "
+        "without --bookies/--racks, or use another --data-dir"
+    )
+
+
+async def _init_cluster(uri: str) -> InitResult:
+    async with open_store(uri) as store:
+        return await init_cluster(store)
