@@ -5,7 +5,14 @@ async with tally.Client("sqlite:///path/meta.db") as client: ...
 with tally.SyncClient("sqlite:///path/meta.db") as client: ...
 """
 
+from typing import TYPE_CHECKING
+
 from tally.core.ids import LedgerId
+
+if TYPE_CHECKING:
+    from tally.client.client import Client
+    from tally.client.config import ClientConfig
+    from tally.client.sync import SyncClient
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""`tally demo`: the pure core at work on one ledger, for a newcomer to watch.
+"""`tally tour`: the pure core at work on one ledger, for a newcomer to watch.
 
 Everything shown is computed by `tally.core` (nothing is hard-coded): a 128-bit ledger
 with an ensemble change, what each bookie should hold in the condensed encoding, bookies

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import bookie, cluster, demo, local, shell
+from tally.cli import bookie, cluster, cluster_demo, demo, local, shell
 
 app = typer.Typer(
     name="tally",
@@ -12,7 +12,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.command("demo")(demo.run)
+app.command("demo")(cluster_demo.run)
+app.command("tour")(demo.run)
 app.add_typer(cluster.app, name="cluster")
 app.command("bookie")(bookie.run)
 app.add_typer(local.app, name="local")

@@ -3,8 +3,9 @@
 An entry is read from the first bookie of its write set; on an error, or when that bookie
 is slow (the speculative read timeout), the next one is asked too, and the first copy
 whose digest verifies wins. One replica's NoSuchEntry is not final while another may
-have the entry. A copy that fails its digest is corruption at rest or on the wire: it is
-logged and counted, and the next replica serves the read.
+have the entry. A copy that fails its digest, here or at the bookie's own end-to-end check
+(EntryUnreadable), is corruption at rest or on the wire: it is logged and counted, and the
+next replica serves the read.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tally.core.entry_format import Entry, decode_entry
 from tally.core.errors import (
     BadDigest,
     BadRequest,
+    EntryUnreadable,
     NoSuchEntry,
     NoSuchLedger,
     TallyError,
@@ -36,7 +38,8 @@ log = logging.getLogger(__name__)
 
 CORRUPT_COPIES = Counter(
     "client_read_corrupt_copies",
-    "Entry copies a bookie served whose digest did not verify (the read used another copy)",
+    "Entry copies that failed their digest, at the client or at the bookie that held them "
+    "(EntryUnreadable); the read used another copy",
 )
 
 
@@ -73,30 +76,39 @@ class EntryFetcher:
     ) -> FetchedEntry:
         """One bookie's verified copy of `entry_id` (-1: its last entry)."""
         connection = await self.context.bookies.get(bookie)
-        raw = await asyncio.wait_for(
-            connection.read(
-                self.ledger_id, entry_id, fencing_key=self.master_key if fencing else None
-            ),
-            self.context.config.read_timeout,
-        )
+        try:
+            # asyncio.timeout rather than wait_for: no task per read (recovery makes thousands)
+            async with asyncio.timeout(self.context.config.read_timeout):
+                raw = await connection.read(
+                    self.ledger_id, entry_id, fencing_key=self.master_key if fencing else None
+                )
+        except EntryUnreadable as error:
+            # The bookie's own end-to-end check caught its copy rotten: corruption at rest.
+            self._report_corrupt(bookie, entry_id, error)
+            raise
         try:
             entry = decode_entry(raw, metadata.digest_type, self.mac_key)
-        except BadDigest:
-            CORRUPT_COPIES.inc()
-            log.error(
-                "corrupt copy of ledger %s entry %d on bookie %s: digest mismatch",
-                self.ledger_id,
-                entry_id,
-                bookie,
-            )
+        except BadDigest as error:
+            self._report_corrupt(bookie, entry_id, error)
             raise
         if entry.ledger_id != self.ledger_id or (entry_id >= 0 and entry.entry_id != entry_id):
-            CORRUPT_COPIES.inc()
-            raise BadDigest(
+            misplaced = BadDigest(
                 f"bookie {bookie} answered ledger {entry.ledger_id} entry {entry.entry_id} "
                 f"for ledger {self.ledger_id} entry {entry_id}"
             )
+            self._report_corrupt(bookie, entry_id, misplaced)
+            raise misplaced
         return FetchedEntry(raw, entry)
+
+    def _report_corrupt(self, bookie: str, entry_id: int, error: TallyError) -> None:
+        CORRUPT_COPIES.inc()
+        log.error(
+            "corrupt copy of ledger %s entry %d on bookie %s: %s",
+            self.ledger_id,
+            entry_id,
+            bookie,
+            error,
+        )
 
     async def read(self, metadata: LedgerMetadata, entry_id: int) -> LedgerEntry:
         """`entry_id` from any replica of its write set, failing over and speculating."""
@@ -180,10 +192,17 @@ class LedgerReader:
 
     async def update_last_add_confirmed(self) -> int:
         """Ask the bookies of an open ledger's last segment for the LAC they know (no fence);
-        the highest answer is the new LAC. A closed ledger's end never moves."""
+        the highest answer is the new LAC. A closed ledger's end never moves.
+
+        The metadata is read again first: since this view was taken the writer may have
+        changed ensembles (the tail is then on other bookies) or closed the ledger."""
         if self.is_closed:
             return self._last_add_confirmed
         context = self._fetcher.context
+        self._record = await context.ledgers.read_ledger_metadata(self.ledger_id)
+        if self.is_closed:
+            self._last_add_confirmed = self._record.metadata.last_entry_id
+            return self._last_add_confirmed
         ensemble = self._record.metadata.segments[-1].ensemble
 
         async def lac_of(bookie: str) -> int:

@@ -117,18 +117,25 @@ class LedgerWriter:
     async def append(self, data: bytes, entry_id: int | None = None) -> int:
         """Add `data` as the next entry (or as `entry_id` for an advanced ledger); returns
         its entry id once an ack quorum of bookies has it on disk."""
+        return await self.append_nowait(data, entry_id)
+
+    def append_nowait(self, data: bytes, entry_id: int | None = None) -> asyncio.Future[int]:
+        """`append` without a coroutine: the add starts now and the future resolves as
+        `append` returns, so keeping many adds in flight costs no task each. What `append`
+        raises before sending anything (a closed or failed writer, bad arguments) is raised
+        here at once."""
         self._check_open()
         if not isinstance(data, bytes | bytearray | memoryview):
             raise BadRequest(f"an entry is bytes, not {type(data).__name__}")
         if self._advanced:
             if entry_id is None:
                 raise BadRequest("an advanced ledger's append needs entry_id")
-            return await self._append_advanced(bytes(data), entry_id)
+            return self._append_advanced(bytes(data), entry_id)
         if entry_id is not None:
             raise BadRequest("entry_id is only for ledgers created with advanced=True")
-        return await self._start_add(bytes(data))
+        return self._start_add(bytes(data))
 
-    async def _append_advanced(self, data: bytes, entry_id: int) -> int:
+    def _append_advanced(self, data: bytes, entry_id: int) -> asyncio.Future[int]:
         """Advanced ledgers take ids in any order; each is sent once the ids below it have
         been given, as confirmations are in entry order anyway."""
         if entry_id < self._pending.next_entry_id or entry_id in self._held:
@@ -137,11 +144,11 @@ class LedgerWriter:
             waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._waiters[entry_id] = waiter
             self._held[entry_id] = data
-            return await waiter
+            return waiter
         future = self._start_add(data)
         while (held := self._held.pop(self._pending.next_entry_id, None)) is not None:
             self._start_add(held)  # resolves the waiter its append is awaiting
-        return await future
+        return future
 
     def _start_add(self, data: bytes) -> asyncio.Future[int]:
         metadata = self._record.metadata
@@ -252,6 +259,20 @@ class LedgerWriter:
             if not waiter.done():
                 waiter.set_exception(self._error)
         self._waiters.clear()
+
+    def _fail_held(self) -> None:
+        """Advanced appends still behind a gap at close were never sent, nor will be."""
+        gap = self._pending.next_entry_id
+        for entry_id in sorted(self._held):
+            waiter = self._waiters.pop(entry_id)
+            if not waiter.done():
+                waiter.set_exception(
+                    LedgerClosed(
+                        f"ledger {self.ledger_id} closed while entry {entry_id} waited for "
+                        f"entry {gap}, which was never given"
+                    )
+                )
+        self._held.clear()
 
     def _check_open(self) -> None:
         if self._error is not None:
@@ -369,13 +390,14 @@ class LedgerWriter:
         self._closed = True
         if self._lac_task is not None:
             self._lac_task.cancel()
+        self._fail_held()
         pending = [w for w in self._waiters.values() if not w.done()]
         if pending and self._error is None:
             await asyncio.gather(*pending, return_exceptions=True)
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
-        if isinstance(self._error, LedgerFenced | LedgerClosed):
-            raise self._error
+        if isinstance(self._error, _TERMINAL):
+            raise self._error  # not (or no longer) the ledger's writer: its LAC is no end
         last, length = self._pending.last_add_confirmed, self._confirmed_length
         context = self._context
         while True:
