@@ -1,9 +1,10 @@
-"""Placement policies: ensembles meet the policy whenever the cluster allows it."""
+"""Placement policies against brute force: the best spread any ensemble of the cluster has."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -11,12 +12,15 @@ from hypothesis import strategies as st
 
 from tally.core.errors import BadRequest, NotEnoughBookies
 from tally.core.placement import (
+    DEFAULT_RACK,
     DefaultPlacementPolicy,
     PlacementAdherence,
+    PlacementPolicy,
     RackAwarePlacementPolicy,
     adherence_of_racks,
     fewest_racks_per_write_set,
 )
+from tally.core.schedule import write_set
 
 FAIL, SOFT, STRICT = (
     PlacementAdherence.FAIL,
@@ -25,15 +29,79 @@ FAIL, SOFT, STRICT = (
 )
 
 
+# -- references, written from the definitions ---------------------------------------------
+
+
+def spans(racks: list[str], write_quorum: int, through: int | None = None) -> int:
+    """Fewest racks of the write sets of entries 0..E-1 (those holding `through`, if given)."""
+    sets = [write_set(entry, len(racks), write_quorum) for entry in range(len(racks))]
+    return min(len({racks[p] for p in s}) for s in sets if through is None or through in s)
+
+
+def best_spread(bookies: dict[str, str], exclude: set[str], size: int, write_quorum: int) -> int:
+    """The best `spans` of any ensemble of the candidates, over every sequence of racks."""
+    capacity = Counter(rack for bookie, rack in bookies.items() if bookie not in exclude)
+    return max(
+        spans(list(racks), write_quorum)
+        for racks in itertools.product(sorted(capacity), repeat=size)
+        if all(racks.count(rack) <= n for rack, n in capacity.items())
+    )
+
+
+def coverage_bound(capacities: list[int], size: int, write_quorum: int) -> int:
+    """The most racks every write set can span, by counting: a rack's k-th bookie in the
+    ensemble adds the rack to at most min(WQ, E - (k-1) * WQ) more write sets; with the E
+    best such gains, the write sets hold that many racks in all, and the fewest holds at
+    most the average."""
+    gains = [
+        max(0, min(write_quorum, size - k * write_quorum))
+        for capacity in capacities
+        for k in range(capacity)
+    ]
+    return min(write_quorum, sum(sorted(gains, reverse=True)[:size]) // size)
+
+
+def swapped(ensemble: list[str], position: int, bookie: str) -> list[str]:
+    return [bookie if p == position else b for p, b in enumerate(ensemble)]
+
+
+def expected_adherence(
+    fewest: int, write_quorum: int, min_racks: int, cluster: int
+) -> PlacementAdherence:
+    if fewest < min(write_quorum, min_racks):
+        return FAIL
+    return SOFT if fewest < min(write_quorum, cluster) else STRICT
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[dict[str, str], set[str], int, int]:
+    """Up to 8 bookies on up to 4 racks, some excluded, and E <= 6 that the rest can fill."""
+    rack_count = draw(st.integers(1, 4))
+    count = draw(st.integers(1, 8))
+    bookies = {f"b{i}": f"/zone/r{draw(st.integers(0, rack_count - 1))}" for i in range(count)}
+    exclude = draw(st.sets(st.sampled_from(sorted(bookies)), max_size=count - 1))
+    size = draw(st.integers(1, min(6, count - len(exclude))))
+    return bookies, exclude, size, draw(st.integers(1, size))
+
+
+# -- adherence -------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("racks", "wq", "min_racks", "cluster", "expected"),
     [
-        (["a", "a", "b"], 2, 2, 2, FAIL),  # write set (0, 1) is all rack a
+        (["a", "a", "b"], 2, 2, 2, FAIL),  # the write set (0, 1) is all rack a
         (["a", "b", "a", "b"], 2, 2, 2, STRICT),
-        (["a", "b", "a"], 3, 2, 3, SOFT),  # 3 racks exist, a write set spans 2
+        (["a", "b", "a"], 3, 2, 3, SOFT),  # 3 racks in the cluster, the write set spans 2
+        (["a", "b", "a"], 3, 2, 2, STRICT),  # ... but 2 is all a 2-rack cluster has
         (["a", "b", "c"], 3, 2, 3, STRICT),
-        (["a", "a", "a"], 1, 2, 3, STRICT),  # WQ=1: one rack is all a write set can span
-        (["a", "b", "c", "a"], 3, 3, 3, FAIL),  # window (3, 0, 1) spans a, a, b
+        (["a", "b", "c"], 3, 2, 9, STRICT),  # WQ caps what strict asks
+        (["a", "b", "c", "a"], 3, 3, 3, FAIL),  # the write set (3, 0, 1) spans a, a, b
+        (["a", "b", "a", "b", "c"], 3, 2, 3, SOFT),  # (0, 1, 2) spans 2, (2, 3, 4) spans 3
+        (["a", "a", "a"], 1, 2, 3, STRICT),  # with WQ = 1 one rack is all there is
+        (["a", "a", "a"], 2, 2, 1, FAIL),  # a one-rack cluster cannot meet min racks 2
+        (["a", "a", "b"], 2, 1, 2, SOFT),  # min racks 1: never FAIL, yet not strict
+        (["a", "b"], 3, 1, 2, FAIL),  # WQ larger than the ensemble holds no WQ copies
     ],
 )
 def test_adherence_follows_the_definition(
@@ -42,109 +110,371 @@ def test_adherence_follows_the_definition(
     assert adherence_of_racks(racks, wq, min_racks, cluster) is expected
 
 
-def test_worst_adherence_is_the_minimum() -> None:
+def test_the_worst_adherence_is_the_minimum() -> None:
     assert min(STRICT, FAIL, SOFT) is FAIL
+    assert sorted([STRICT, SOFT, FAIL]) == [FAIL, SOFT, STRICT]
 
 
-def _cluster(draw: st.DrawFn) -> dict[str, str]:
-    count = draw(st.integers(1, 8))
-    rack_count = draw(st.integers(1, 4))
-    return {f"b{i}": f"/r{draw(st.integers(0, rack_count - 1))}" for i in range(count)}
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from("abcd"), min_size=1, max_size=9), st.data())
+def test_fewest_racks_is_that_of_the_round_robin_write_sets(
+    racks: list[str], data: st.DataObject
+) -> None:
+    wq = data.draw(st.integers(1, len(racks)))
+    assert fewest_racks_per_write_set(racks, wq) == spans(racks, wq)
 
 
-@st.composite
-def clusters(draw: st.DrawFn) -> tuple[dict[str, str], int, int]:
-    bookies = _cluster(draw)
-    e = draw(st.integers(1, len(bookies)))
-    wq = draw(st.integers(1, e))
-    return bookies, e, wq
-
-
-def _best_possible(bookies: dict[str, str], e: int, wq: int) -> int:
-    return max(
-        fewest_racks_per_write_set([bookies[b] for b in ensemble], wq)
-        for ensemble in itertools.permutations(bookies, e)
+@settings(max_examples=300)
+@given(
+    st.lists(st.sampled_from("abcd"), min_size=1, max_size=9),
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.data(),
+)
+def test_adherence_is_the_quoted_rule_applied_to_the_fewest_racks(
+    racks: list[str], min_racks: int, cluster: int, data: st.DataObject
+) -> None:
+    wq = data.draw(st.integers(1, len(racks)))
+    assert adherence_of_racks(racks, wq, min_racks, cluster) is expected_adherence(
+        spans(racks, wq), wq, min_racks, cluster
     )
 
 
-@settings(max_examples=150, deadline=None)
-@given(clusters(), st.integers(0, 2**32))
-def test_rack_aware_reaches_the_best_placement_the_cluster_allows(
-    case: tuple[dict[str, str], int, int], seed: int
-) -> None:
-    bookies, e, wq = case
-    policy = RackAwarePlacementPolicy(min_num_racks_per_write_quorum=wq)
-    ensemble = policy.new_ensemble(e, wq, 1, bookies, (), random.Random(seed))
-    assert len(set(ensemble)) == e
-    got = fewest_racks_per_write_set([bookies[b] for b in ensemble], wq)
-    assert got == _best_possible(bookies, e, wq)
+def test_adherence_refuses_nonsense_thresholds() -> None:
+    with pytest.raises(BadRequest, match="min racks must be at least 1, got 0"):
+        adherence_of_racks(["a"], 1, 0, 1)
+    with pytest.raises(BadRequest, match="cluster racks must be at least 1, got 0"):
+        adherence_of_racks(["a"], 1, 1, 0)
+    with pytest.raises(BadRequest, match="write quorum 3 does not fit an ensemble of 2"):
+        fewest_racks_per_write_set(["a", "b"], 3)
 
 
+def test_rack_aware_adherence_of_bookies() -> None:
+    policy = RackAwarePlacementPolicy()
+    racks = {"b1": "/r1", "b2": "/r2", "b3": "/r3", "b4": "/r1"}
+    assert policy.adherence(("b1", "b2", "b3"), 3, racks) is STRICT
+    assert policy.adherence(("b1", "b2", "b4"), 3, racks) is SOFT  # 3 racks, spans 2
+    assert policy.adherence(("b1", "b2", "b4"), 3, racks, cluster_racks=2) is STRICT
+    assert policy.adherence(("b1", "b4", "b2"), 2, racks) is FAIL  # b1, b4 share /r1
+    assert policy.adherence(("b1", "b2", "b1", "b3"), 2, racks) is FAIL  # b1 twice
+    assert policy.adherence(("b1", "b2", "b4", "b3"), 2, racks) is STRICT  # same racks
+    assert policy.adherence(("b1", "b2"), 3, racks) is FAIL  # WQ does not fit
+
+
+def test_bookies_without_a_rack_are_on_the_default_rack() -> None:
+    policy = RackAwarePlacementPolicy()
+    racks = {"b1": DEFAULT_RACK, "b2": "/r2"}
+    assert policy.adherence(("b1", "ghost"), 2, racks) is FAIL  # both on /default-rack
+    assert policy.adherence(("b2", "ghost"), 2, racks) is STRICT
+    # the default rack is one of the cluster's racks: r2, r3, default -> 3 racks, spans 2
+    placed = {"b2": "/r2", "b3": "/r3"}
+    assert policy.adherence(("b2", "ghost", "x", "b3"), 3, placed) is SOFT
+    assert policy.adherence(("b2", "ghost", "x", "b3"), 3, placed, cluster_racks=2) is STRICT
+
+
+def test_default_policy_judges_only_distinctness() -> None:
+    policy = DefaultPlacementPolicy()
+    one_rack = {"b1": "/r", "b2": "/r"}
+    assert policy.adherence(("b1", "b2"), 2, one_rack) is STRICT
+    assert policy.adherence(("b1", "b1"), 2, one_rack) is FAIL
+    assert policy.adherence(("b1", "b2"), 3, one_rack) is FAIL
+    assert policy.adherence((), 1, one_rack) is FAIL
+
+
+# -- new ensembles ---------------------------------------------------------------------------
+
+
+POLICIES: list[PlacementPolicy] = [
+    DefaultPlacementPolicy(),
+    RackAwarePlacementPolicy(),
+    RackAwarePlacementPolicy(3, enforce_min_num_racks_per_write_quorum=False),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=100, deadline=None)
 @given(clusters(), st.integers(0, 2**32))
-def test_enforcement_refuses_exactly_when_the_cluster_cannot_comply(
-    case: tuple[dict[str, str], int, int], seed: int
+def test_new_ensembles_are_distinct_candidates(
+    policy: PlacementPolicy, case: tuple[dict[str, str], set[str], int, int], seed: int
 ) -> None:
-    bookies, e, wq = case
-    policy = RackAwarePlacementPolicy(2, enforce_min_num_racks_per_write_quorum=True)
-    possible = _best_possible(bookies, e, wq) >= min(wq, 2)
-    if possible:
-        ensemble = policy.new_ensemble(e, wq, 1, bookies, (), random.Random(seed))
+    bookies, exclude, size, wq = case
+    ensemble = policy.new_ensemble(size, wq, 1, bookies, exclude, random.Random(seed))
+    assert len(ensemble) == size
+    assert len(set(ensemble)) == size
+    assert set(ensemble) <= set(bookies) - exclude
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.integers(0, 2**32))
+def test_rack_aware_reaches_the_best_spread_of_any_ensemble(
+    case: tuple[dict[str, str], set[str], int, int], seed: int
+) -> None:
+    bookies, exclude, size, wq = case
+    policy = RackAwarePlacementPolicy()
+    ensemble = policy.new_ensemble(size, wq, 1, bookies, exclude, random.Random(seed))
+    best = best_spread(bookies, exclude, size, wq)
+    assert spans([bookies[b] for b in ensemble], wq) == best
+    cluster = len({rack for bookie, rack in bookies.items() if bookie not in exclude})
+    assert policy.adherence(ensemble, wq, bookies, cluster) is expected_adherence(
+        best, wq, 2, cluster
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.integers(1, 4), st.integers(0, 2**32))
+def test_enforcement_refuses_exactly_when_no_ensemble_complies(
+    case: tuple[dict[str, str], set[str], int, int], min_racks: int, seed: int
+) -> None:
+    bookies, exclude, size, wq = case
+    policy = RackAwarePlacementPolicy(min_racks, enforce_min_num_racks_per_write_quorum=True)
+    need = min(wq, min_racks)
+    best = best_spread(bookies, exclude, size, wq)
+    if best >= need:
+        ensemble = policy.new_ensemble(size, wq, 1, bookies, exclude, random.Random(seed))
+        assert spans([bookies[b] for b in ensemble], wq) >= need
         assert policy.adherence(ensemble, wq, bookies) is not FAIL
     else:
-        with pytest.raises(NotEnoughBookies, match="refuses to place unsafely"):
-            policy.new_ensemble(e, wq, 1, bookies, (), random.Random(seed))
+        with pytest.raises(
+            NotEnoughBookies,
+            match=f"refusing to place unsafely.* at least {need} racks .* at most {best} racks",
+        ):
+            policy.new_ensemble(size, wq, 1, bookies, exclude, random.Random(seed))
 
 
-@settings(max_examples=100, deadline=None)
-@given(clusters(), st.integers(0, 2**32), st.data())
-def test_replacement_is_the_best_for_its_position_and_never_excluded(
-    case: tuple[dict[str, str], int, int], seed: int, data: st.DataObject
+@settings(max_examples=200, deadline=None)
+@given(clusters())
+def test_the_coverage_bound_is_the_best_spread_on_small_clusters(
+    case: tuple[dict[str, str], set[str], int, int],
 ) -> None:
-    bookies, e, wq = case
-    if len(bookies) == e:
-        return
-    rng = random.Random(seed)
-    policy = RackAwarePlacementPolicy(2)
-    ensemble = DefaultPlacementPolicy().new_ensemble(e, wq, 1, bookies, (), rng)
-    position = data.draw(st.integers(0, e - 1))
-    choice = policy.replace_bookie(ensemble, position, wq, bookies, (), rng)
-    assert choice not in ensemble
-
-    def fewest(bookie: str) -> int:
-        trial = [bookies[b] for b in ensemble]
-        trial[position] = bookies[bookie]
-        return fewest_racks_per_write_set(trial, wq)
-
-    others = [b for b in bookies if b not in ensemble]
-    assert fewest(choice) == max(fewest(b) for b in others)
+    bookies, exclude, size, wq = case
+    capacity = Counter(rack for bookie, rack in bookies.items() if bookie not in exclude)
+    assert coverage_bound(list(capacity.values()), size, wq) == best_spread(
+        bookies, exclude, size, wq
+    )
 
 
-def test_default_policy_picks_distinct_unexcluded_bookies() -> None:
-    bookies = {f"b{i}": "/r" for i in range(6)}
-    policy = DefaultPlacementPolicy()
-    for seed in range(50):
-        ensemble = policy.new_ensemble(3, 2, 2, bookies, {"b0", "b1"}, random.Random(seed))
-        assert len(set(ensemble)) == 3
-        assert not {"b0", "b1"} & set(ensemble)
-    replacement = policy.replace_bookie(("b2", "b3", "b4"), 1, 2, bookies, {"b5"}, random.Random(1))
-    assert replacement in {"b0", "b1"}
-    assert policy.adherence(("b2", "b3"), 2, bookies) is STRICT
-    assert policy.adherence(("b2", "b2"), 2, bookies) is FAIL
+def _medium_clusters() -> list[tuple[list[int], int, int]]:
+    rng = random.Random(2024)
+    cases = [([2, 3, 3], 8, 4), ([16, 13, 5, 20, 12, 9], 22, 8)]
+    cases += [([20, 26, 13, 13, 21, 25, 4, 10], 27, 13), ([8, 13, 3, 19, 13, 17, 17, 26], 27, 11)]
+    while len(cases) < 150:
+        size = rng.randint(7, 16)
+        capacities = [rng.randint(1, size) for _ in range(rng.randint(2, 6))]
+        if sum(capacities) >= size:
+            cases.append((capacities, size, rng.randint(2, min(size, 6))))
+    return cases
 
 
-def test_too_few_bookies_is_not_enough_bookies() -> None:
-    bookies = {"a": "/r1", "b": "/r2"}
-    with pytest.raises(NotEnoughBookies, match="2 available"):
-        DefaultPlacementPolicy().new_ensemble(3, 2, 2, bookies, (), random.Random(0))
-    with pytest.raises(NotEnoughBookies, match="no writable bookie"):
-        DefaultPlacementPolicy().replace_bookie(("a", "b"), 0, 2, bookies, (), random.Random(0))
-    with pytest.raises(BadRequest):
-        DefaultPlacementPolicy().new_ensemble(2, 3, 1, bookies, (), random.Random(0))
-
-
-def test_seeded_choices_repeat() -> None:
-    bookies = {f"b{i}": f"/r{i % 3}" for i in range(9)}
+def test_rack_aware_reaches_the_coverage_bound_on_larger_clusters() -> None:
+    """Beyond brute force: the bound is an upper bound, so reaching it is the best."""
     policy = RackAwarePlacementPolicy()
-    first = policy.new_ensemble(5, 3, 2, bookies, (), random.Random(7))
-    assert first == policy.new_ensemble(5, 3, 2, bookies, (), random.Random(7))
+    for capacities, size, wq in _medium_clusters():
+        bookies = {f"r{r}-{i}": f"/r{r}" for r, n in enumerate(capacities) for i in range(n)}
+        for seed in range(3):
+            ensemble = policy.new_ensemble(size, wq, 1, bookies, (), random.Random(seed))
+            got = fewest_racks_per_write_set([bookies[b] for b in ensemble], wq)
+            assert got == coverage_bound(capacities, size, wq), (capacities, size, wq, seed)
+
+
+@pytest.mark.parametrize(
+    ("capacities", "size", "wq", "min_racks", "bound"),
+    [
+        ([2, 2], 3, 2, 2, 1),  # three positions in a ring on two racks: two neighbours share
+        ([4, 1, 1], 5, 3, 3, 2),
+        ([1, 1, 1, 9], 6, 3, 3, 2),
+        ([5], 3, 3, 2, 1),
+    ],
+)
+def test_refusals_name_the_most_racks_the_cluster_allows(
+    capacities: list[int], size: int, wq: int, min_racks: int, bound: int
+) -> None:
+    bookies = {f"r{r}-{i}": f"/r{r}" for r, n in enumerate(capacities) for i in range(n)}
+    assert coverage_bound(capacities, size, wq) == bound
+    assert best_spread(bookies, set(), size, wq) == bound
+    with pytest.raises(NotEnoughBookies, match=f"allow at most {bound} racks per write set"):
+        RackAwarePlacementPolicy(min_racks, True).new_ensemble(
+            size, wq, 1, bookies, (), random.Random(0)
+        )
+
+
+def test_enforcement_refuses_when_no_layout_reaches_what_the_bound_allows() -> None:
+    # A cluster where the layouts fall one short of the bound (E=26 WQ=4): 3 racks per
+    # write set may be possible, 2 is what is found; refusing is the safe answer.
+    capacities = [3, 5, 7, 23]
+    bookies = {f"r{r}-{i}": f"/r{r}" for r, n in enumerate(capacities) for i in range(n)}
+    assert coverage_bound(capacities, 26, 4) == 3
+    with pytest.raises(
+        NotEnoughBookies,
+        match="may allow up to 3 racks per write set, but 8 layouts reached only 2",
+    ):
+        RackAwarePlacementPolicy(3, True).new_ensemble(26, 4, 2, bookies, (), random.Random(0))
+    ensemble = RackAwarePlacementPolicy(3).new_ensemble(26, 4, 2, bookies, (), random.Random(0))
+    assert fewest_racks_per_write_set([bookies[b] for b in ensemble], 4) == 2
+
+
+def test_without_enforcement_a_one_rack_cluster_gets_its_best_and_the_truth() -> None:
+    bookies = {f"b{i}": "/r1" for i in range(5)} | {"b5": "/r2"}
+    policy = RackAwarePlacementPolicy()
+    ensemble = policy.new_ensemble(5, 3, 2, bookies, (), random.Random(3))
+    assert spans([bookies[b] for b in ensemble], 3) == 1  # 4 of 5 on /r1: some set is all /r1
+    assert policy.adherence(ensemble, 3, bookies) is FAIL
+    with pytest.raises(
+        NotEnoughBookies,
+        match=r"E=5 WQ=3 needs every write set on at least 2 racks .*"
+        r"the 6 candidate bookies on 2 rack\(s\) allow at most 1",
+    ):
+        RackAwarePlacementPolicy(2, True).new_ensemble(5, 3, 2, bookies, (), random.Random(3))
+
+
+def test_a_spread_that_needs_uneven_spacing_is_found() -> None:
+    # E=5 WQ=3 from 4 bookies on /a and one each on /b and /c: only /a three times, never
+    # three in a row (a b a c a), puts 2 racks in every write set; 3 racks cannot be had.
+    bookies = {"a1": "/a", "a2": "/a", "a3": "/a", "a4": "/a", "b1": "/b", "c1": "/c"}
+    assert best_spread(bookies, set(), 5, 3) == 2
+    for seed in range(30):
+        ensemble = RackAwarePlacementPolicy(2, True).new_ensemble(
+            5, 3, 2, bookies, (), random.Random(seed)
+        )
+        assert spans([bookies[b] for b in ensemble], 3) == 2
+    with pytest.raises(NotEnoughBookies, match="allow at most 2 racks per write set"):
+        RackAwarePlacementPolicy(3, True).new_ensemble(5, 3, 2, bookies, (), random.Random(0))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_seeded_choices_repeat_whatever_the_order_of_the_inputs(policy: PlacementPolicy) -> None:
+    bookies = {f"b{i}": f"/r{i % 3}" for i in range(12)}
+    shuffled = dict(reversed(list(bookies.items())))
+    first = policy.new_ensemble(5, 3, 2, bookies, {"b1", "b7"}, random.Random(7))
+    assert first == policy.new_ensemble(5, 3, 2, shuffled, ["b7", "b1"], random.Random(7))
+    seen = {policy.new_ensemble(5, 3, 2, bookies, (), random.Random(s)) for s in range(20)}
+    assert len(seen) > 1
+
+
+def test_positions_are_not_tied_to_rack_names() -> None:
+    bookies = {"a": "/a", "b": "/b", "c": "/c"}
+    orders = {
+        RackAwarePlacementPolicy().new_ensemble(3, 2, 2, bookies, (), random.Random(seed))
+        for seed in range(50)
+    }
+    assert {ensemble[0] for ensemble in orders} == {"a", "b", "c"}
+
+
+def test_every_candidate_gets_chosen_sometimes() -> None:
+    bookies = {f"b{i}": f"/r{i % 3}" for i in range(9)} | {"lonely": "/r3"}
+    chosen: Counter[str] = Counter()
+    for seed in range(300):
+        chosen.update(
+            RackAwarePlacementPolicy().new_ensemble(3, 3, 2, bookies, (), random.Random(seed))
+        )
+    assert set(chosen) == set(bookies)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_bad_sizes_and_too_few_candidates(policy: PlacementPolicy) -> None:
+    bookies = {"a": "/r1", "b": "/r2", "c": "/r2", "d": "/r3"}
+    with pytest.raises(
+        NotEnoughBookies,
+        match=r"need 4 bookies for an ensemble \(E=4 WQ=2 AQ=2\) but only 3 are candidates, "
+        r"on 2 rack\(s\): 4 known, 1 of them excluded",
+    ):
+        policy.new_ensemble(4, 2, 2, bookies, {"d", "not-a-bookie"}, random.Random(0))
+    with pytest.raises(BadRequest, match="E=2 WQ=3 AQ=1"):
+        policy.new_ensemble(2, 3, 1, bookies, (), random.Random(0))
+    with pytest.raises(BadRequest, match="E=3 WQ=2 AQ=3"):
+        policy.new_ensemble(3, 2, 3, bookies, (), random.Random(0))
+    with pytest.raises(BadRequest, match=r"position 3 is outside the ensemble 0\.\.2"):
+        policy.replace_bookie(("a", "b", "c"), 3, 2, bookies, (), random.Random(0))
+    with pytest.raises(BadRequest, match="E=3 WQ=4"):
+        policy.replace_bookie(("a", "b", "c"), 0, 4, bookies, (), random.Random(0))
+    with pytest.raises(NotEnoughBookies, match="no bookie can replace b at position 1"):
+        policy.replace_bookie(("a", "b", "c"), 1, 2, bookies, {"d"}, random.Random(0))
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0])
+def test_min_racks_must_be_a_positive_int(value: object) -> None:
+    with pytest.raises(BadRequest, match="min_num_racks_per_write_quorum must be an int >= 1"):
+        RackAwarePlacementPolicy(value)  # type: ignore[arg-type]
+
+
+# -- replacements ----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.integers(0, 2**32), st.data())
+def test_replacement_is_the_best_for_its_position_and_never_barred(
+    case: tuple[dict[str, str], set[str], int, int], seed: int, data: st.DataObject
+) -> None:
+    bookies, exclude, size, wq = case
+    rng = random.Random(seed)
+    ensemble = list(DefaultPlacementPolicy().new_ensemble(size, wq, 1, bookies, set(), rng))
+    position = data.draw(st.integers(0, size - 1))
+    others = [b for b in bookies if b not in ensemble and b not in exclude]
+    policy = RackAwarePlacementPolicy(data.draw(st.integers(1, 4)))
+    if not others:
+        with pytest.raises(NotEnoughBookies):
+            policy.replace_bookie(ensemble, position, wq, bookies, exclude, rng)
+        return
+    choice = policy.replace_bookie(ensemble, position, wq, bookies, exclude, rng)
+    assert choice in others
+
+    def with_(bookie: str) -> list[str]:
+        return [bookies[b] for b in swapped(ensemble, position, bookie)]
+
+    def judged(bookie: str) -> PlacementAdherence:
+        trial = swapped(ensemble, position, bookie)
+        return policy.adherence(trial, wq, bookies, cluster_racks=len(set(bookies.values())))
+
+    assert spans(with_(choice), wq, position) == max(spans(with_(b), wq, position) for b in others)
+    assert judged(choice) == max(judged(b) for b in others)
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.integers(1, 4), st.integers(0, 2**32), st.data())
+def test_enforced_replacement_refuses_exactly_when_no_candidate_complies(
+    case: tuple[dict[str, str], set[str], int, int],
+    min_racks: int,
+    seed: int,
+    data: st.DataObject,
+) -> None:
+    bookies, exclude, size, wq = case
+    rng = random.Random(seed)
+    ensemble = list(DefaultPlacementPolicy().new_ensemble(size, wq, 1, bookies, set(), rng))
+    position = data.draw(st.integers(0, size - 1))
+    others = [b for b in bookies if b not in ensemble and b not in exclude]
+    policy = RackAwarePlacementPolicy(min_racks, enforce_min_num_racks_per_write_quorum=True)
+    need = min(wq, min_racks)
+
+    def through(bookie: str) -> int:
+        return spans([bookies[b] for b in swapped(ensemble, position, bookie)], wq, position)
+
+    if any(through(b) >= need for b in others):
+        assert through(policy.replace_bookie(ensemble, position, wq, bookies, exclude, rng)) >= need
+    else:
+        with pytest.raises(NotEnoughBookies):
+            policy.replace_bookie(ensemble, position, wq, bookies, exclude, rng)
+
+
+def test_replacement_counts_unknown_ensemble_bookies_on_the_default_rack() -> None:
+    bookies = {"d1": DEFAULT_RACK, "r1": "/r1", "b": "/r2"}
+    policy = RackAwarePlacementPolicy(2, enforce_min_num_racks_per_write_quorum=True)
+    for seed in range(20):
+        # "ghost" (gone from the registry) stands on /default-rack, so d1 next to it is no use
+        assert policy.replace_bookie(
+            ("ghost", "failed"), 1, 2, bookies, (), random.Random(seed)
+        ) in {
+            "r1",
+            "b",
+        }
+    with pytest.raises(
+        NotEnoughBookies, match=r"no candidate for position 1 .* on more than 1 racks"
+    ):
+        policy.replace_bookie(("ghost", "failed"), 1, 2, bookies, {"r1", "b"}, random.Random(0))
+
+
+def test_replacement_draws_every_bookie_of_the_best_racks() -> None:
+    bookies = {"a": "/r1", "b": "/r2", "c": "/r3", "d": "/r3", "e": "/r1"}
+    picks = {
+        RackAwarePlacementPolicy().replace_bookie(("a", "b"), 1, 2, bookies, (), random.Random(s))
+        for s in range(100)
+    }
+    assert picks == {"c", "d"}  # e would put both copies on /r1, as a is

@@ -312,7 +312,7 @@ class LedgerWriter:
         context = self._context
         failed = {self._ensemble[p] for p in positions}
         for _ in range(context.config.ensemble_change_retries):
-            racks = await context.racks()
+            racks = await context.racks(also=self._ensemble)
             ensemble = list(self._ensemble)
             exclude = failed | set(ensemble)
             for position in positions:
