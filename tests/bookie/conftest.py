@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tally.bookie.config import BookieConfig
 from tally.bookie.server import Bookie
+from tally.cli.bookie import admin_http
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, master_key
 from tally.core.entry_format import encode_entry
@@ -285,7 +286,7 @@ async def in_process_bookie(data_dir: Path, **settings: Any) -> AsyncIterator[In
     async with store_session(uri) as admin:
         await init_cluster_in(admin)
         config = BookieConfig(metadata=uri, data_dir=data_dir, listen="127.0.0.1:0", **settings)
-        bookie = Bookie(config)
+        bookie = Bookie(config, admin_http=admin_http)
         try:
             await bookie.start()
             yield InProcess(bookie, admin)

@@ -323,8 +323,8 @@ class Bookie:
         self._fail(request, connection, error)
 
     def _count(self, request: protocol.Request, result: str) -> None:
-        """Count an answer. The labelled counters are kept: looking one up with `labels()`
-        cost an add more than the rest of its metrics."""
+        """Count an answer. The labelled counters are kept rather than looked up with
+        `labels()` for every answer, which takes a lock and checks the labels each time."""
         key = (_operation_label(request), result)
         counter = self._answer_counts.get(key)
         if counter is None:
@@ -548,8 +548,8 @@ class BookieConnectionHandler(asyncio.Protocol):
     """One client connection: frames in, requests to the bookie, responses out.
 
     Responses sent in one event-loop turn leave in one write: a group commit answers
-    hundreds of adds at once, and a send per answer cost more than the rest of an add
-    (bench/bench_bookie.py).
+    hundreds of adds at once, and a send per answer was a sixth of the CPU of an add
+    (bench/bench_bookie.py, docs/benchmarks.md).
     """
 
     def __init__(self, bookie: Bookie) -> None:

@@ -59,7 +59,7 @@ def run(
 
 
 async def _serve(settings: BookieConfig) -> None:
-    bookie = Bookie(settings, admin_http=_admin_http)
+    bookie = Bookie(settings, admin_http=admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: loop.create_task(bookie.stop()))
@@ -72,9 +72,10 @@ async def _serve(settings: BookieConfig) -> None:
     await bookie.wait_stopped()
 
 
-async def _admin_http(
+async def admin_http(
     store: MetadataStore, bookie: Bookie, registry: CollectorRegistry, host: str, port: int
 ) -> tuple[asyncio.Task[None], int]:
+    """The admin HTTP app (tally.http) for a bookie: what `tally bookie` injects."""
     from tally.http.admin import create_app, serve
 
     return await serve(create_app(store, bookie=bookie, registry=registry), host, port)
