@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import bookie, cluster, cluster_demo, demo, local, shell
+from tally.cli import bench, bookie, cluster, cluster_demo, demo, local, shell
 
 app = typer.Typer(
     name="tally",
@@ -14,6 +14,7 @@ app = typer.Typer(
 )
 app.command("demo")(cluster_demo.run)
 app.command("tour")(demo.run)
+app.command("bench")(bench.run)
 app.add_typer(cluster.app, name="cluster")
 app.command("bookie")(bookie.run)
 app.add_typer(local.app, name="local")

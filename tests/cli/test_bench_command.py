@@ -1,0 +1,38 @@
+"""`tally bench`: lists the benchmarks, runs one, refuses an unknown name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def _tally(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tally.cli.main", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_lists_every_benchmark_script() -> None:
+    result = _tally("--list")
+    assert result.returncode == 0, result.stderr
+    for name in ("availability", "journal", "bookie", "client", "raw_socket"):
+        assert name in result.stdout
+
+
+def test_runs_a_benchmark_and_shows_its_reference() -> None:
+    result = _tally("availability")
+    assert result.returncode == 0, result.stderr
+    assert "np.diff (reference)" in result.stdout
+    assert "ratio" in result.stdout
+
+
+def test_unknown_benchmark_is_a_usage_error() -> None:
+    result = _tally("nonesuch")
+    assert result.returncode == 2
+    assert "unknown benchmark" in result.stdout
