@@ -194,7 +194,10 @@ class LedgerWriter:
         try:
             connection = await self._context.bookies.get(bookie)
         except TallyError as error:
-            self._on_failure(entry_id, position, bookie, error)
+            # A dial can fail after the bookie was replaced at this position: the failure
+            # is then the old bookie's, and must not block the new one's copy.
+            if self._bookie_of(entry_id, position) == bookie:
+                self._on_failure(entry_id, position, bookie, error)
             return
         if entry_id in self._entries and self._bookie_of(entry_id, position) == bookie:
             future = connection.add_nowait(self._entries[entry_id], self._master_key)

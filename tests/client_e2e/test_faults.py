@@ -1,0 +1,456 @@
+"""The client against bookies that die, hang and rot, four real bookie processes: ensemble
+changes, write errors after the ack quorum, recovery with bookies down, corrupt copies.
+
+Each test starts from four running, registered bookies (`healthy`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+import tally
+from tally.client.bookie_connection import BookieConnection
+from tally.core.digest import DigestType, mac_key, master_key
+from tally.core.entry_format import encode_entry
+from tally.core.ids import LedgerId
+from tally.core.metadata import LedgerState
+from tally.core.schedule import write_set
+from tally.errors import (
+    BadDigest,
+    BookieUnavailable,
+    EntryUnreadable,
+    LedgerRecoveryFailed,
+    NotEnoughBookies,
+)
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.underreplication import UnderReplicationManager
+from tests.client_e2e.conftest import (
+    FAST,
+    Cluster,
+    eventually_writable,
+    read_all,
+    replica_copies,
+    running_cluster,
+    store_session,
+    writer_process,
+)
+from tests.client_e2e.writer_worker import payload
+
+BOOKIES = 4
+PASSWORD = b"faults"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("faults"), BOOKIES) as cluster:
+        yield cluster
+
+
+async def test_bookie_killed_mid_stream_writer_changes_ensemble(healthy: Cluster) -> None:
+    cluster = healthy
+    payloads = [random.Random(i).randbytes(i % 300) for i in range(2500)]
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        first_ensemble = w.metadata.metadata.segments[0].ensemble
+        victim = first_ensemble[1]
+
+        acked = 0
+
+        async def append(data: bytes) -> int:
+            nonlocal acked
+            entry_id = await w.append(data)
+            acked += 1
+            return entry_id
+
+        tasks = []
+        for data in payloads:
+            tasks.append(asyncio.create_task(append(data)))
+            if len(tasks) % 100 == 0:
+                await asyncio.sleep(0.005)  # a steady stream rather than one burst
+            if len(tasks) == 800:
+                cluster.kill(victim)
+        assert await asyncio.gather(*tasks) == list(range(2500))
+        segments = w.metadata.metadata.segments
+        assert len(segments) >= 2
+        assert victim not in segments[-1].ensemble
+        assert victim in segments[0].ensemble
+        await w.close()
+
+    async with tally.Client(cluster.uri, config=FAST) as other:
+        r = await other.open_ledger(w.ledger_id, password=PASSWORD, recovery=True)
+        assert r.last_entry_id == 2499
+        assert r.metadata.segments == segments
+        assert await read_all(r) == dict(enumerate(payloads))
+
+
+async def test_write_error_after_ack_quorum_changes_ensemble_and_marks(healthy: Cluster) -> None:
+    cluster = healthy
+    config = dataclasses.replace(FAST, add_entry_timeout=1.0)
+    async with tally.Client(cluster.uri, config=config) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        ensemble = w.metadata.metadata.segments[0].ensemble
+        for i in range(5):
+            await w.append(b"before %d" % i)
+        slow = ensemble[0]
+        cluster.pause(slow)
+        started = time.monotonic()
+        for i in range(5, 10):
+            assert await w.append(b"acked by two %d" % i) == i
+        assert time.monotonic() - started < config.add_entry_timeout  # no wait for the third
+
+        # The slow bookie's adds time out after they were acknowledged: the writer replaces
+        # it before any later add, from LAC + 1 on.
+        deadline = time.monotonic() + 10
+        while len(w.metadata.metadata.segments) < 2:
+            assert time.monotonic() < deadline, "no ensemble change"
+            await asyncio.sleep(0.05)
+        first, second = w.metadata.metadata.segments
+        assert second.first_entry_id == 10
+        assert first.ensemble == ensemble
+        # Only the slow bookie's position changes, to a bookie new to the ledger.
+        assert second.ensemble[1:] == ensemble[1:]
+        assert second.ensemble[0] not in ensemble
+        for i in range(10, 15):
+            assert await w.append(b"after %d" % i) == i
+        await w.close()
+
+    expected = {
+        i: (b"before %d" if i < 5 else b"acked by two %d" if i < 10 else b"after %d") % i
+        for i in range(15)
+    }
+    async with store_session(cluster.uri) as store:
+        mark = await UnderReplicationManager(store).under_replicated(w.ledger_id)
+        record = await LedgerManager(store).read_ledger_metadata(w.ledger_id)
+    assert mark is not None, "the ledger was not marked under-replicated"
+    assert slow in mark.missing_bookies
+    assert record.metadata.state is LedgerState.CLOSED
+    assert record.metadata.last_entry_id == 14
+    async with tally.Client(cluster.uri, config=FAST) as other:
+        r = await other.open_ledger(w.ledger_id, password=PASSWORD)
+        assert await read_all(r) == expected
+
+
+async def test_recovery_aborts_with_too_many_bookies_down_and_never_closes_early(
+    healthy: Cluster, worker_log: Path
+) -> None:
+    """b3 misses entries 10..19 (paused, then killed); b1 and b2 have them. With only b3
+    up recovery must abort, not close at 9; with b2 back (b1 still down) it ends at 19."""
+    cluster = healthy
+    seed = 11
+    async with writer_process(
+        cluster.uri,
+        (3, 3, 2),
+        seed=seed,
+        password=PASSWORD.decode(),
+        stderr=worker_log,
+        options=("--commands", "--add-timeout", "60"),
+    ) as worker:
+        ledger_id = worker.ledger_id
+        assert ledger_id is not None
+        assert await worker.command("append 10") == "DONE 9"
+        async with store_session(cluster.uri) as store:
+            ensemble = (
+                (await LedgerManager(store).read_ledger_metadata(ledger_id))
+                .metadata.segments[0]
+                .ensemble
+            )
+        b1, b2, b3 = ensemble
+        cluster.pause(b3)
+        assert await worker.command("append 10") == "DONE 19"
+        await worker.kill()
+        cluster.kill(b3)  # the adds it had not read yet die with it
+        cluster.restart([b3])
+        assert await _held(b3, ledger_id, 19) == list(range(10))
+
+        cluster.kill(b1)
+        cluster.kill(b2)
+        async with tally.Client(cluster.uri, config=FAST) as client:
+            with pytest.raises(LedgerRecoveryFailed):
+                await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+            async with store_session(cluster.uri) as store:
+                record = await LedgerManager(store).read_ledger_metadata(ledger_id)
+            assert record.metadata.state is LedgerState.IN_RECOVERY
+            # Still only b3: a retry aborts again rather than settle for what b3 has.
+            with pytest.raises(LedgerRecoveryFailed):
+                await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+
+            cluster.restart([b2])
+            r = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+            assert r.is_closed
+            assert r.last_entry_id == 19
+            assert max(worker.acked) == 19
+            entries = await read_all(r)
+            assert entries == {e: payload(seed, e) for e in range(20)}
+            assert all(entries[e] == data for e, data in worker.acked.items())
+            assert r.metadata.length == sum(map(len, entries.values()))
+
+        # The recovered end holds when every bookie is back.
+        cluster.restart([b1])
+        async with tally.Client(cluster.uri, config=FAST) as client:
+            again = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+            assert again.last_entry_id == 19
+
+
+async def test_recovery_with_one_bookie_down_completes(healthy: Cluster, worker_log: Path) -> None:
+    cluster = healthy
+    seed = 12
+    async with writer_process(
+        cluster.uri,
+        (3, 3, 2),
+        seed=seed,
+        password=PASSWORD.decode(),
+        stderr=worker_log,
+        options=("--window", "64"),
+    ) as worker:
+        ledger_id = worker.ledger_id
+        assert ledger_id is not None
+        await worker.until_acked(300)
+        await worker.kill()
+        async with store_session(cluster.uri) as store:
+            ensemble = (
+                (await LedgerManager(store).read_ledger_metadata(ledger_id))
+                .metadata.segments[-1]
+                .ensemble
+            )
+        cluster.kill(ensemble[0])
+        async with tally.Client(cluster.uri, config=FAST) as client:
+            r = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+            assert max(worker.acked) <= r.last_entry_id
+            entries = await read_all(r)
+            assert entries == {e: payload(seed, e) for e in range(r.last_entry_id + 1)}
+
+
+async def test_corrupt_copy_is_read_from_another_replica_and_reported(
+    healthy: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = healthy
+    payloads = [random.Random(f"rot {i}").randbytes(64) for i in range(20)]
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=3, password=PASSWORD
+        )
+        await asyncio.gather(*(w.append(p) for p in payloads))
+        await w.close()
+    metadata = w.metadata.metadata
+    target = 7
+    ensemble = metadata.ensemble_at(target)
+    rotten = ensemble[write_set(target, 3, 3)[0]]  # the replica a read asks first
+
+    bookie = cluster.bookie(rotten)
+    assert bookie.stop() == 0  # a clean stop checkpoints the entries into the entry logs
+    logs = sorted((bookie.data_dir / "ledgers" / "logs").glob("*.log"))
+    hits = [(path, path.read_bytes().find(payloads[target])) for path in logs]
+    hits = [(path, offset) for path, offset in hits if offset >= 0]
+    assert len(hits) == 1, hits
+    path, offset = hits[0]
+    with path.open("r+b") as log_file:
+        log_file.seek(offset + 10)
+        byte = log_file.read(1)
+        log_file.seek(offset + 10)
+        log_file.write(bytes([byte[0] ^ 0x40]))
+    cluster.restart([rotten])
+
+    # The bookie knows its copy is rotten: it says so rather than "no such entry".
+    connection = await BookieConnection.connect(rotten, request_timeout=5.0)
+    try:
+        with pytest.raises(EntryUnreadable):
+            await connection.read(w.ledger_id, target)
+        assert await connection.read(w.ledger_id, target + 1)
+    finally:
+        await connection.close()
+
+    before = _corrupt_copies()
+    caplog.set_level(logging.ERROR, logger="tally.client.reader")
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        r = await client.open_ledger(w.ledger_id, password=PASSWORD)
+        assert (await r.read_entry(target)).data == payloads[target]
+        assert await read_all(r) == dict(enumerate(payloads))
+    assert _corrupt_copies() - before >= 1
+    reports = [
+        rec.getMessage()
+        for rec in caplog.records
+        if rec.name == "tally.client.reader" and rec.levelno == logging.ERROR
+    ]
+    assert any(
+        f"entry {target} " in m and rotten in m and str(w.ledger_id) in m for m in reports
+    ), reports
+
+    copies = await replica_copies(w.ledger_id, metadata, PASSWORD, 19)
+    assert copies[target][rotten] == "EntryUnreadable"
+    assert [c for b, c in copies[target].items() if b != rotten] == [payloads[target]] * 2
+
+
+async def test_copies_failing_the_client_digest_fail_over_then_raise_bad_digest(
+    healthy: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Copies whose CRC32C is sound (the bookie stores them) but whose HMAC is not the
+    ledger's: the client's own digest check is the last line of defence."""
+    cluster = healthy
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=3, password=PASSWORD, digest="hmac"
+        )
+        for i in range(5):
+            await w.append(b"genuine %d" % i)
+        await w.close()
+        ensemble = w.metadata.metadata.ensemble_at(2)
+        replicas = [ensemble[p] for p in write_set(2, 3, 3)]
+        forged = encode_entry(
+            w.ledger_id, 2, 1, 100, b"forged", DigestType.HMAC, mac_key(b"not the password")
+        )
+
+        async def forge(bookie: str) -> None:
+            connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+            try:  # a re-add replaces the copy, as a replication worker's would
+                await connection.add(forged, master_key(PASSWORD), recovery=True)
+            finally:
+                await connection.close()
+
+        caplog.set_level(logging.ERROR, logger="tally.client.reader")
+        await forge(replicas[0])
+        before = _corrupt_copies()
+        r = await client.open_ledger(w.ledger_id, password=PASSWORD)
+        assert (await r.read_entry(2)).data == b"genuine 2"
+        assert _corrupt_copies() - before == 1
+        assert any(replicas[0] in rec.getMessage() for rec in caplog.records)
+
+        for bookie in replicas[1:]:
+            await forge(bookie)
+        with pytest.raises(BadDigest):
+            await r.read_entry(2)
+        assert _corrupt_copies() - before == 4
+        assert (await r.read_entry(3)).data == b"genuine 3"
+
+
+async def test_not_enough_bookies_to_create_or_to_change_ensemble(healthy: Cluster) -> None:
+    cluster = healthy
+    down = cluster.bookies[0].address
+    cluster.kill(down)
+    alive = {b.address for b in cluster.bookies} - {down}
+    await eventually_writable(cluster.uri, alive)
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        with pytest.raises(NotEnoughBookies):
+            await client.create_ledger(ensemble_size=4, write_quorum=2, ack_quorum=2)
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        assert set(w.metadata.metadata.segments[0].ensemble) == alive
+        for i in range(10):
+            await w.append(b"%d" % i)
+
+        async def append_until_refused() -> None:
+            for i in range(10, 1000):
+                await w.append(b"%d" % i)
+
+        cluster.kill(sorted(alive)[0])
+        with pytest.raises(NotEnoughBookies):
+            await append_until_refused()
+        last = w.last_add_confirmed
+        assert last >= 9
+        await w.close()
+        r = await client.open_ledger(w.ledger_id, password=PASSWORD)
+        assert r.last_entry_id == last
+        assert await read_all(r) == {i: b"%d" % i for i in range(last + 1)}
+
+
+def _corrupt_copies() -> float:
+    return REGISTRY.get_sample_value("client_read_corrupt_copies_total") or 0.0
+
+
+async def _held(bookie: str, ledger_id: LedgerId, last: int) -> list[int]:
+    """The entries 0..last the bookie has."""
+    connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+    try:
+        held = []
+        for entry_id in range(last + 1):
+            try:
+                await connection.read(ledger_id, entry_id)
+            except tally.errors.NoSuchEntry:
+                continue
+            held.append(entry_id)
+        return held
+    finally:
+        await connection.close()
+
+
+async def test_tail_reader_follows_the_writer_across_ensemble_changes(healthy: Cluster) -> None:
+    """Both bookies of an E=2 ledger are replaced one after the other while a reader
+    follows without recovery: it must learn the new segments to go on reading."""
+    cluster = healthy
+    config = dataclasses.replace(FAST, explicit_lac_interval=0.2)
+    async with (
+        tally.Client(cluster.uri, config=config) as a,
+        tally.Client(cluster.uri, config=FAST) as b,
+    ):
+        w = await a.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2, password=PASSWORD)
+        first, second = w.metadata.metadata.segments[0].ensemble
+        for i in range(10):
+            await w.append(b"%d" % i)
+        tail = await b.open_ledger(w.ledger_id, password=PASSWORD, recovery=False)
+        assert await tail.wait_for(9, timeout=10) == 9
+
+        for victim, start in ((first, 10), (second, 20)):
+            cluster.kill(victim)
+            for i in range(start, start + 10):
+                assert await w.append(b"%d" % i) == i
+        assert len(w.metadata.metadata.segments) == 3
+        assert not {first, second} & set(w.metadata.metadata.segments[-1].ensemble)
+
+        assert await tail.wait_for(29, timeout=10) == 29
+        # Entries 0..9 had both their copies on the two dead bookies; the rest is readable.
+        assert [(e.entry_id, e.data) async for e in tail.read(10, 29)] == [
+            (i, b"%d" % i) for i in range(10, 30)
+        ]
+        await w.close()
+        assert await tail.update_last_add_confirmed() == 29
+        assert tail.is_closed
+
+
+async def test_a_late_dial_failure_to_a_replaced_bookie_does_not_wedge_the_writer(
+    healthy: Cluster,
+) -> None:
+    """A dial to a dead bookie can fail after the writer has already replaced it (a SYN
+    to a host that is gone takes its time). That stale failure must not count against
+    the replacement at the same position: with WQ = AQ the entry would never confirm."""
+    cluster = healthy
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=2, ack_quorum=2, password=PASSWORD
+        )
+        victim = w.metadata.metadata.segments[0].ensemble[0]
+        pool = client.context.bookies
+        real_get = pool.get
+        dials = 0
+
+        async def get(bookie: str) -> BookieConnection:
+            nonlocal dials
+            if bookie != victim:
+                return await real_get(bookie)
+            dials += 1
+            if dials > 1:  # the later dials fail only once the victim was replaced
+                while victim in w.metadata.metadata.segments[-1].ensemble:
+                    await asyncio.sleep(0.001)
+            raise BookieUnavailable(f"bookie {victim}: cannot connect (injected)")
+
+        pool.get = get  # type: ignore[method-assign]
+        appended = await asyncio.wait_for(
+            asyncio.gather(*(w.append(b"%d" % i) for i in range(10))), 10
+        )
+        assert appended == list(range(10))
+        assert dials > 1
+        assert victim not in w.metadata.metadata.segments[-1].ensemble
+        await w.close()
+        r = await client.open_ledger(w.ledger_id, password=PASSWORD)
+        assert await read_all(r) == {i: b"%d" % i for i in range(10)}
