@@ -223,16 +223,23 @@ class ReadRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadLacRequest:
-    """Ask for the LAC the bookie knows: the larger of the explicit and the piggy-backed one."""
+class _LedgerQuery:
+    """A request that names one ledger and carries no body; subclasses set the operation."""
 
-    operation: ClassVar[Operation] = Operation.READ_LAC
+    operation: ClassVar[Operation]
     request_id: int
     ledger_id: LedgerId
     entry_id: int = field(default=0, init=False)
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
         return _request_frame(self, Flags.NONE, b"", max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest(_LedgerQuery):
+    """Ask for the LAC the bookie knows: the larger of the explicit and the piggy-backed one."""
+
+    operation: ClassVar[Operation] = Operation.READ_LAC
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,16 +261,10 @@ class WriteLacRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class GetListOfEntriesOfLedgerRequest:
+class GetListOfEntriesOfLedgerRequest(_LedgerQuery):
     """Ask which entries of a ledger the bookie's index has (BP-34), as availability bytes."""
 
     operation: ClassVar[Operation] = Operation.GET_LIST_OF_ENTRIES_OF_LEDGER
-    request_id: int
-    ledger_id: LedgerId
-    entry_id: int = field(default=0, init=False)
-
-    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
-        return _request_frame(self, Flags.NONE, b"", max_frame_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,16 +281,10 @@ class AvailabilityDumpRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerInfoRequest:
+class LedgerInfoRequest(_LedgerQuery):
     """Ask what the bookie knows of one ledger: fenced, LAC, entries and bytes stored."""
 
     operation: ClassVar[Operation] = Operation.LEDGER_INFO
-    request_id: int
-    ledger_id: LedgerId
-    entry_id: int = field(default=0, init=False)
-
-    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
-        return _request_frame(self, Flags.NONE, b"", max_frame_size)
 
 
 Request: TypeAlias = (
@@ -978,7 +973,9 @@ def _byte_view(data: _Buffer) -> memoryview:
 # --- encoding helpers -----------------------------------------------------------------------
 
 
-def _request_frame(message: Request, flags: int, body: bytes, max_frame_size: int) -> bytes:
+def _request_frame(
+    message: Request | _LedgerQuery, flags: int, body: bytes, max_frame_size: int
+) -> bytes:
     size = REQUEST_HEADER_SIZE + len(body)
     _check_header_fields(message, size, max_frame_size)
     ledger_id = message.ledger_id
@@ -1031,7 +1028,9 @@ def _record_parts(record: LedgerAvailability) -> tuple[bytes, bytes]:
     return _RECORD.pack(record.ledger_id.scope, record.ledger_id.id, len(data)), data
 
 
-def _check_header_fields(message: Request | Response, size: int, max_frame_size: int) -> None:
+def _check_header_fields(
+    message: Request | Response | _LedgerQuery, size: int, max_frame_size: int
+) -> None:
     """Refuse, as BadRequest, a header that a reader would refuse as MalformedData."""
     if size > max_frame_size:
         raise BadRequest(
