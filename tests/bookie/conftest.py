@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import os
 import subprocess
@@ -36,7 +35,8 @@ from tally.core.protocol import Response, ResponseReader
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import init_cluster as init_cluster_in
 from tally.metadata.store import MetadataStore, open_store
-from tests.support.processes import BookieProcess, free_port, init_cluster, tally
+from tests.support.async_tests import run_if_async
+from tests.support.processes import BookieProcess, environment, free_port, init_cluster, tally
 
 ASYNC_TEST_DEADLINE = 30.0
 SESSION_TIMEOUT = 2.0
@@ -50,11 +50,7 @@ _ledger_ids = itertools.count(1)
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run `async def` tests in a fresh event loop, under a deadline."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), ASYNC_TEST_DEADLINE))
-    return True
+    return run_if_async(pyfuncitem, ASYNC_TEST_DEADLINE)
 
 
 def new_ledger(scope: int = 0) -> LedgerId:
@@ -191,21 +187,6 @@ def sample(
 
 
 # --- bookie processes -------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """Set variables for the child processes started meanwhile."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def bookie_environment(settings: Mapping[str, object]) -> dict[str, str]:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,8 @@ from tally.core.metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.store import MetadataStore, open_store
-from tests.support.processes import BookieProcess, init_cluster
+from tests.support.async_tests import run_if_async
+from tests.support.processes import BookieProcess, environment, init_cluster
 
 ASYNC_TEST_DEADLINE = 90.0
 SESSION_TIMEOUT = 2.0
@@ -49,25 +48,7 @@ WORKER = Path(__file__).with_name("writer_worker.py")
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run `async def` tests in a fresh event loop, under a deadline."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), ASYNC_TEST_DEADLINE))
-    return True
-
-
-@contextlib.contextmanager
-def environment(variables: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return run_if_async(pyfuncitem, ASYNC_TEST_DEADLINE)
 
 
 @dataclass

@@ -6,8 +6,6 @@ a deadline so a hung store fails the test instead of the run.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from tally.core.errors import TallyError
 from tally.metadata import MetadataStore, open_store
 from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
 from tally.metadata.zk_server import free_port as free_port
+from tests.support.async_tests import run_if_async
 
 ASYNC_TEST_DEADLINE = 60.0
 ZK_SESSION_TIMEOUT = 2.0
@@ -29,12 +28,7 @@ CONNECT_TIMEOUT = 5.0
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    names = pyfuncitem._fixtureinfo.argnames
-    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), ASYNC_TEST_DEADLINE))
-    return True
+    return run_if_async(pyfuncitem, ASYNC_TEST_DEADLINE)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,21 @@
+"""Running `async def` tests: each in a fresh event loop, under its directory's deadline.
+
+Each test directory's conftest keeps its own `pytest_pyfunc_call` hook (pytest finds hooks
+per directory) and calls `run_if_async` with its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+
+def run_if_async(pyfuncitem: pytest.Function, deadline: float) -> bool | None:
+    """Run the test if it is a coroutine function (True); None lets pytest run it."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), deadline))
+    return True
