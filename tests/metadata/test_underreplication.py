@@ -11,13 +11,16 @@ from tally.core.errors import BadRequest, MalformedData, SessionExpired
 from tally.core.ids import LedgerId
 from tally.metadata.cluster import init_cluster
 from tally.metadata.layout import (
+    AUDIT_REQUEST,
     LOST_BOOKIE_RECOVERY_DELAY,
+    LOST_ENTRY_RECORDS,
     UNDER_REPLICATION_MARKS,
     UNDERREPLICATED_LEDGERS,
     lock_path,
 )
 from tally.metadata.underreplication import (
     AuditorCheck,
+    LostEntries,
     UnderReplicatedLedger,
     UnderReplicationManager,
 )
@@ -245,3 +248,53 @@ async def test_last_run_times_of_the_auditor_s_checks(backend: Backend) -> None:
         assert await manager.check_time(AuditorCheck.CHECK_ALL_LEDGERS) is None
         with pytest.raises(BadRequest):
             await manager.set_check_time(AuditorCheck.REPLICAS, -5)
+
+
+async def test_audit_requests_reach_a_watcher_in_order(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with backend.open() as store, backend.open() as admin:
+        await init_cluster(store)
+        seen: Collected[int | None] = Collected()
+        watcher = await UnderReplicationManager(store).watch_audit_requests(seen)
+        operator = UnderReplicationManager(admin)
+        assert await operator.request_audit(now_ms=5) == 5
+        assert await seen.wait_for(2) == [None, 5]
+        with caplog.at_level(logging.ERROR):
+            await admin.set(AUDIT_REQUEST, b"now please")
+            assert await seen.quiet() == 0
+        assert "audit_request" in caplog.text
+        await operator.request_audit(now_ms=9)
+        assert await seen.wait_for(3) == [None, 5, 9]
+        watcher.cancel()
+
+
+async def test_the_lost_entries_list(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = UnderReplicationManager(store)
+        assert await manager.lost_entries(L1) is None
+        first = await manager.record_lost_entries(
+            L3, [(7, 9), (0, 2)], "no copy of 0-2, 7-9", mark_version=4, now_ms=10
+        )
+        assert first == LostEntries(L3, ((0, 2), (7, 9)), "no copy of 0-2, 7-9", 10, 4)
+        again = await manager.record_lost_entries(L3, [(0, 0)], "only 0 now", mark_version=5)
+        assert (await manager.lost_entries(L3)) == again
+        await manager.record_lost_entries(L1, [(3, 3)], "entry 3", mark_version=0, now_ms=1)
+        assert [lost.ledger_id for lost in [x async for x in manager.list_lost_entries()]] == [
+            L1,
+            L3,
+        ]
+        for bad in ([], [(3, 2)], [(-1, 0)]):
+            with pytest.raises(BadRequest):
+                await manager.record_lost_entries(L2, bad, "bad", mark_version=0)
+        await store.create(LOST_ENTRY_RECORDS.path(L2), b"{}", make_parents=True)
+        with caplog.at_level(logging.ERROR):
+            listed = [lost.ledger_id async for lost in manager.list_lost_entries()]
+        assert listed == [L1, L3]
+        assert "unreadable lost-entries record" in caplog.text
+        with pytest.raises(MalformedData):
+            await manager.lost_entries(L2)
+        assert await manager.clear_lost_entries(L3)
+        assert not await manager.clear_lost_entries(L3)
+        assert await manager.lost_entries(L3) is None

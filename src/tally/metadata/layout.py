@@ -18,6 +18,9 @@ BookKeeper's layout, with each kind of key under a root of its own::
     /underreplication/disabled             exists while replication is disabled
     /underreplication/lost_bookie_recovery_delay
     /underreplication/checks/<check>       last run of each periodic auditor check
+    /underreplication/audit_request        an operator's request for an audit now
+    /underreplication/lost/...             entries no copy is left of, split as /ledgers is
+    /underreplication/lost-scoped/...      ... and as /ledgers-scoped is
     /auditor/vote-<sequence>               ephemeral sequential auditor election votes
 
 Per-ledger keys form a hierarchy so that no key has millions of children, whatever the
@@ -55,6 +58,8 @@ LOCKS = "/underreplication/locks"
 REPLICATION_DISABLED = "/underreplication/disabled"
 LOST_BOOKIE_RECOVERY_DELAY = "/underreplication/lost_bookie_recovery_delay"
 CHECKS = "/underreplication/checks"
+AUDIT_REQUEST = "/underreplication/audit_request"
+LOST_ENTRIES = "/underreplication/lost"
 AUDITOR = "/auditor"
 AUDITOR_VOTE_PREFIX = "/auditor/vote-"
 
@@ -161,6 +166,7 @@ class LedgerTree:
 
 LEDGER_METADATA = LedgerTree(LEDGERS)
 UNDER_REPLICATION_MARKS = LedgerTree(UNDERREPLICATED_LEDGERS)
+LOST_ENTRY_RECORDS = LedgerTree(LOST_ENTRIES)
 
 ROOTS = (
     IDGEN,
@@ -176,6 +182,8 @@ ROOTS = (
     UNDERREPLICATED_LEDGERS + SCOPED_SUFFIX,
     LOCKS,
     CHECKS,
+    LOST_ENTRIES,
+    LOST_ENTRIES + SCOPED_SUFFIX,
     AUDITOR,
 )
 """The persistent parents `tally cluster init` creates, each after its own parent."""

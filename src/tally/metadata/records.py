@@ -80,6 +80,15 @@ class Record:
             raise MalformedData(f"{self.source}: field {name!r} holds a non-string or empty item")
         return tuple(values)
 
+    def integer_pairs(self, name: str) -> tuple[tuple[int, int], ...]:
+        values: list[Any] = self._take(name, list, "a list of [int, int] pairs")
+        if not all(
+            isinstance(pair, list) and len(pair) == 2 and all(type(item) is int for item in pair)
+            for pair in values
+        ):
+            raise MalformedData(f"{self.source}: field {name!r} holds an item that is no pair")
+        return tuple((first, second) for first, second in values)
+
 
 def decode(data: bytes, kind: str, fields: frozenset[str], source: str) -> Record:
     """The record of `kind` in `data`, whose fields must be exactly `fields`."""

@@ -11,7 +11,9 @@ instead of being forgotten.
 Also here, as in BookKeeper: a cluster-wide switch that disables replication, the
 `lost_bookie_recovery_delay` (seconds the auditor waits before marking a lost bookie's
 ledgers, so a bookie that restarts quickly causes no copying), and when each of the
-auditor's periodic checks last ran.
+auditor's periodic checks last ran. Beyond BookKeeper: an operator's request for an audit
+now (the auditor watches it), and the list of lost entries, where a worker puts a ledger
+that no copy is left of some entries of, so that it is reported instead of retried forever.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from tally.core.ids import LedgerId
 from tally.metadata import records
 from tally.metadata.keys import Watcher, delete_if_present, put, watch_value
 from tally.metadata.layout import (
+    AUDIT_REQUEST,
     LOST_BOOKIE_RECOVERY_DELAY,
+    LOST_ENTRY_RECORDS,
     REPLICATION_DISABLED,
     UNDER_REPLICATION_MARKS,
     check_path_of,
@@ -52,11 +56,16 @@ _DELAY_KIND = "lost-bookie-recovery-delay"
 _DELAY_FIELDS = frozenset({"seconds"})
 _CHECK_KIND = "auditor-check"
 _CHECK_FIELDS = frozenset({"time_ms"})
+_REQUEST_KIND = "audit-request"
+_REQUEST_FIELDS = frozenset({"requested_ms"})
+_LOST_KIND = "lost-entries"
+_LOST_FIELDS = frozenset({"ranges", "reason", "recorded_ms", "mark_version"})
 
 
 class AuditorCheck(enum.Enum):
     """The auditor's periodic checks (BookKeeper's names), whose last runs are kept."""
 
+    BOOKIES = "bookie_check"
     CHECK_ALL_LEDGERS = "check_all_ledgers"
     PLACEMENT_POLICY = "placement_policy_check"
     REPLICAS = "replicas_check"
@@ -72,6 +81,19 @@ class UnderReplicatedLedger:
     first_marked_ms: int
     """When the ledger was first marked; re-marks keep it."""
     version: int
+
+
+@dataclass(frozen=True)
+class LostEntries:
+    """Entries of a ledger that no bookie holds a readable copy of, as a worker found them."""
+
+    ledger_id: LedgerId
+    ranges: tuple[tuple[int, int], ...]
+    """Inclusive (first, last) entry ranges, ascending."""
+    reason: str
+    recorded_ms: int
+    mark_version: int
+    """The version of the ledger's mark when recorded: a re-mark makes workers try again."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +138,35 @@ def _decode_mark(ledger_id: LedgerId, found: Versioned) -> UnderReplicatedLedger
 def _decode_delay(data: bytes) -> int:
     record = records.decode(data, _DELAY_KIND, _DELAY_FIELDS, LOST_BOOKIE_RECOVERY_DELAY)
     return record.integer("seconds")
+
+
+def _decode_request(data: bytes) -> int:
+    return records.decode(data, _REQUEST_KIND, _REQUEST_FIELDS, AUDIT_REQUEST).integer(
+        "requested_ms"
+    )
+
+
+def _check_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    found = tuple((int(first), int(last)) for first, last in ranges)
+    if not found or any(not 0 <= first <= last for first, last in found):
+        raise BadRequest(f"lost entries need non-empty ranges 0 <= first <= last, got {found}")
+    return tuple(sorted(found))
+
+
+def _decode_lost(ledger_id: LedgerId, found: Versioned) -> LostEntries:
+    source = f"lost entries of ledger {ledger_id}"
+    record = records.decode(found.data, _LOST_KIND, _LOST_FIELDS, source)
+    try:
+        ranges = _check_ranges(record.integer_pairs("ranges"))
+    except BadRequest as e:
+        raise MalformedData(f"{source}: {e}") from None
+    return LostEntries(
+        ledger_id,
+        ranges,
+        record.text("reason"),
+        record.integer("recorded_ms"),
+        record.integer("mark_version"),
+    )
 
 
 def _now_ms() -> int:
@@ -325,3 +376,79 @@ class UnderReplicationManager:
         except NoSuchKey:
             return None
         return records.decode(found.data, _CHECK_KIND, _CHECK_FIELDS, path).integer("time_ms")
+
+    # -- audit requests ------------------------------------------------------------------
+
+    async def request_audit(self, *, now_ms: int | None = None) -> int:
+        """Ask the auditor to run every check now; the request's time (ms)."""
+        requested = _now_ms() if now_ms is None else now_ms
+        await put(
+            self.store, AUDIT_REQUEST, records.encode(_REQUEST_KIND, {"requested_ms": requested})
+        )
+        return requested
+
+    async def watch_audit_requests(
+        self, callback: Callable[[int | None], object]
+    ) -> Watcher[int | None]:
+        """Call `callback(requested ms or None)` now and at every request."""
+        return await watch_value(self.store, AUDIT_REQUEST, _decode_request, callback)
+
+    # -- lost entries --------------------------------------------------------------------
+
+    async def record_lost_entries(
+        self,
+        ledger_id: LedgerId,
+        ranges: Iterable[tuple[int, int]],
+        reason: str,
+        *,
+        mark_version: int,
+        now_ms: int | None = None,
+    ) -> LostEntries:
+        """Put the ledger on the lost-entries list (replacing an earlier record of it)."""
+        lost = LostEntries(
+            ledger_id,
+            _check_ranges(ranges),
+            reason,
+            _now_ms() if now_ms is None else now_ms,
+            mark_version,
+        )
+        data = records.encode(
+            _LOST_KIND,
+            {
+                "ranges": [list(pair) for pair in lost.ranges],
+                "reason": reason,
+                "recorded_ms": lost.recorded_ms,
+                "mark_version": mark_version,
+            },
+        )
+        path = LOST_ENTRY_RECORDS.path(ledger_id)
+        try:
+            await create_with_parents(self.store, path, data)
+        except KeyExists:
+            await put(self.store, path, data)
+        return lost
+
+    async def lost_entries(self, ledger_id: LedgerId) -> LostEntries | None:
+        try:
+            found = await self.store.get(LOST_ENTRY_RECORDS.path(ledger_id))
+        except NoSuchKey:
+            return None
+        return _decode_lost(ledger_id, found)
+
+    async def list_lost_entries(
+        self, *, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[LostEntries]:
+        """Every ledger on the lost-entries list, in id order; unreadable records logged."""
+        async for page in walk(self.store, LOST_ENTRY_RECORDS, page_size):
+            for ledger_id, _, found in page.ledgers:
+                try:
+                    yield _decode_lost(ledger_id, found)
+                except MalformedData as e:
+                    log.error("skipping an unreadable lost-entries record: %s", e)
+
+    async def clear_lost_entries(self, ledger_id: LedgerId) -> bool:
+        """Take the ledger off the list (repaired, deleted, or an operator's decision)."""
+        removed = await delete_if_present(self.store, LOST_ENTRY_RECORDS.path(ledger_id))
+        if removed:
+            await prune_parents(self.store, LOST_ENTRY_RECORDS.parents(ledger_id))
+        return removed

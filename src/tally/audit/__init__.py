@@ -1,0 +1,1 @@
+"""The audit pipeline: cluster snapshots, the durability checks on Spark, reports."""

@@ -1,0 +1,114 @@
+"""The audit snapshot and its findings as Arrow schemas: a contract, not an implementation detail.
+
+Other tools and synthetic generators write snapshots too, so the column names, types and
+meanings here change only with `FORMAT_VERSION`. A snapshot directory holds one Parquet
+dataset per table (`ledgers/`, `segments/`, `bookies/`, `availability/`) and
+`snapshot.json`. Ledger ids are two unsigned 64-bit halves; Parquet has no unsigned 64-bit
+type that Spark reads, so each half is stored as the int64 with the same bits
+(`to_int64` / `from_int64`), which keeps equality and joins exact.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import pyarrow as pa
+
+from tally.core.ids import UINT64_MAX
+
+FORMAT_VERSION = 1
+
+LEDGERS = "ledgers"
+SEGMENTS = "segments"
+BOOKIES = "bookies"
+AVAILABILITY = "availability"
+SNAPSHOT_JSON = "snapshot.json"
+TRUTH_JSON = "truth.json"
+
+VIOLATIONS = "violations"
+SUMMARY_JSON = "summary.json"
+REPORT_HTML = "report.html"
+
+LEDGERS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("ensemble_size", pa.int32(), nullable=False),
+        pa.field("write_quorum", pa.int32(), nullable=False),
+        pa.field("ack_quorum", pa.int32(), nullable=False),
+        pa.field("last_entry_id", pa.int64(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("ctime_ms", pa.int64(), nullable=False),
+        pa.field("digest_type", pa.string(), nullable=False),
+        pa.field("underreplicated_since_ms", pa.int64(), nullable=True),
+    ]
+)
+"""One row per ledger; state is OPEN / IN_RECOVERY / CLOSED, last_entry_id -1 when empty or
+not closed, digest_type a DigestType name (CRC32C, ...)."""
+
+SEGMENTS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("segment_index", pa.int32(), nullable=False),
+        pa.field("first_entry_id", pa.int64(), nullable=False),
+        pa.field("last_entry_id", pa.int64(), nullable=False),
+        pa.field("ensemble", pa.list_(pa.string()), nullable=False),
+    ]
+)
+"""One row per segment; last_entry_id is the next segment's first - 1, else the ledger's
+last entry (first - 1 for a segment with no entries, -1 for an open ledger's last one);
+ensemble lists bookie ids in ensemble order."""
+
+BOOKIES_SCHEMA = pa.schema(
+    [
+        pa.field("bookie_id", pa.string(), nullable=False),
+        pa.field("rack", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("responded", pa.bool_(), nullable=False),
+    ]
+)
+"""Every bookie registered or named by an ensemble; state is writable / readonly /
+unregistered; responded tells whether its availability dump completed."""
+
+AVAILABILITY_SCHEMA = pa.schema(
+    [
+        pa.field("bookie_id", pa.string(), nullable=False),
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("availability", pa.binary(), nullable=False),
+    ]
+)
+"""One row per (bookie, ledger) the bookie holds; availability is the seed-000 encoding
+(`EntryAvailability.to_bytes`)."""
+
+VIOLATIONS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=True),
+        pa.field("ledger_id", pa.int64(), nullable=True),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("segment_index", pa.int32(), nullable=True),
+        pa.field("bookie_id", pa.string(), nullable=True),
+        pa.field("missing_count", pa.int64(), nullable=True),
+        pa.field("detail", pa.string(), nullable=False),
+    ]
+)
+"""One row per finding (category: a `tally.core.ledger_audit.Category` value); ledger columns
+are null for a bookie-level finding (unresponsive_registered_bookie)."""
+
+
+class BookieState(enum.Enum):
+    WRITABLE = "writable"
+    READONLY = "readonly"
+    UNREGISTERED = "unregistered"
+
+
+def to_int64(half: int) -> int:
+    """An unsigned 64-bit id half as the int64 with the same bits."""
+    return half - (1 << 64) if half > UINT64_MAX >> 1 else half
+
+
+def from_int64(stored: int) -> int:
+    """The unsigned 64-bit id half that `to_int64` stored."""
+    return stored + (1 << 64) if stored < 0 else stored

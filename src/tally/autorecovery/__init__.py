@@ -1,0 +1,1 @@
+"""Auto-recovery: the elected auditor and the replication workers (seed 004)."""

@@ -1,0 +1,85 @@
+"""The auto-recovery process's settings, with BookKeeper's names, meanings and defaults where
+it has the setting, and a documented departure where its default is unsafe or off."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.core.errors import BadRequest
+
+REPLICAS_CHECK_MODES = ("online", "spark")
+
+
+@dataclass(frozen=True)
+class AutoRecoveryConfig:
+    metadata: str = ""
+    """Metadata store URI (`sqlite:///path`, `zk://host:port/root`)."""
+    http_port: int | None = None
+    """Serve the admin HTTP app (/metrics, /heartbeat, /api/v1/...) here (0: any free port)."""
+    session_timeout: float = 10.0
+    """Metadata store session timeout, seconds: how fast another auditor takes over."""
+
+    # -- the auditor ---------------------------------------------------------------------
+    lost_bookie_recovery_delay: int = 0
+    """Seconds to wait before marking a lost bookie's ledgers, unless an operator set the
+    cluster-wide value in the metadata store (which wins, as in BookKeeper)."""
+    auditor_periodic_bookie_check_interval: float = 86_400.0
+    """Seconds between bookie checks (all metadata's bookies against the registered ones)."""
+    auditor_periodic_check_interval: float = 604_800.0
+    """Seconds between ledger checks (reading segments' entries from their bookies)."""
+    auditor_ledger_verification_percentage: int = 0
+    """Percentage of each segment's entries the ledger check reads; 0: first and last only."""
+    auditor_periodic_placement_policy_check_interval: float = 86_400.0
+    """Seconds between placement checks (BookKeeper: 0, off); 0 turns the check off."""
+    repaired_placement_policy_not_adhering_bookie_enable: bool = False
+    """Mark ledgers that fail the placement policy for repair (BookKeeper's name)."""
+    auditor_replicas_check_interval: float = 86_400.0
+    """Seconds between replicas checks (BookKeeper: 0, off, as its check costs one request
+    per entry range; the availability encoding makes it cheap here); 0 turns it off."""
+    auditor_replicas_check_mode: str = "online"
+    """`online`: the auditor asks bookies itself; `spark`: it runs the audit pipeline."""
+    auditor_replicas_check_retry_delay: float = 60.0
+    """Seconds before a ledger whose bookies did not answer is checked again."""
+    underreplicated_ledger_recovery_grace_period: float = 3_600.0
+    """Seconds a ledger may stay marked before the replicas check reports it as marked too
+    long (BookKeeper: 0, which never reports it); 0 turns the report off."""
+    auditor_max_concurrent_metadata_reads: int = 100
+    """Ledger metadata reads in flight during a check (auditorMaxNumberOfConcurrentOpen-
+    LedgerOperations), so a check of a big cluster never floods the store."""
+    auditor_max_concurrent_bookie_requests: int = 32
+    """Requests to bookies in flight during a check, over all bookies."""
+
+    # -- the replication worker ----------------------------------------------------------
+    open_ledger_rereplication_grace_period: float = 30.0
+    """Seconds the writer of an OPEN ledger has to change its ensemble before the worker
+    fences and closes the ledger to repair its last segment."""
+    replication_rate_by_bytes: int = -1
+    """Bytes/s the worker copies at most; -1: unlimited (replicationRateByBytes)."""
+    rereplication_entry_batch_size: int = 10
+    """Entries copied in parallel for one ledger."""
+    replication_backoff_initial: float = 1.0
+    """Seconds before a failed ledger is tried again by this worker; doubles per failure."""
+    replication_backoff_max: float = 300.0
+    """The longest wait between tries (lockReleaseOfFailedLedgerGracePeriod, 5 min)."""
+    under_replicated_poll_interval: float = 5.0
+    """Seconds between looks for marked ledgers besides the watch (a missed event heals)."""
+
+    def __post_init__(self) -> None:
+        if self.auditor_replicas_check_mode not in REPLICAS_CHECK_MODES:
+            raise BadRequest(
+                f"auditor_replicas_check_mode must be one of {REPLICAS_CHECK_MODES}, "
+                f"not {self.auditor_replicas_check_mode!r}"
+            )
+        if not 0 <= self.auditor_ledger_verification_percentage <= 100:
+            raise BadRequest("auditor_ledger_verification_percentage must be in 0..100")
+        if self.lost_bookie_recovery_delay < 0:
+            raise BadRequest("lost_bookie_recovery_delay must be >= 0 seconds")
+        for name in (
+            "auditor_max_concurrent_metadata_reads",
+            "auditor_max_concurrent_bookie_requests",
+            "rereplication_entry_batch_size",
+        ):
+            if getattr(self, name) < 1:
+                raise BadRequest(f"{name} must be >= 1")
+        if self.replication_rate_by_bytes == 0 or self.replication_rate_by_bytes < -1:
+            raise BadRequest("replication_rate_by_bytes must be -1 (unlimited) or > 0")

@@ -1,0 +1,14 @@
+"""Auto-recovery tests may be `async def`: each runs in a fresh event loop under a deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.async_tests import run_if_async
+
+ASYNC_TEST_DEADLINE = 120.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    return run_if_async(pyfuncitem, ASYNC_TEST_DEADLINE)
