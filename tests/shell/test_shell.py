@@ -378,3 +378,61 @@ def test_listunderreplicated_and_lostbookierecoverydelay(cluster: Cluster) -> No
     assert parsed(mine) == [mark_view]
     assert parsed(others) == []
     assert parsed(delay) == {"seconds": 45}
+
+
+def test_triggeraudit_needs_an_auditor_then_requests_an_audit(cluster: Cluster) -> None:
+    refused = shell("triggeraudit", uri=cluster.uri)
+    assert refused.returncode == 4
+    assert "no auditor is elected" in refused.stderr
+
+    async def trigger_while_elected() -> tuple[Any, int | None]:
+        async with open_store(cluster.uri) as store:
+            election = AuditorElection(store, "auditor-under-test")
+            await election.start()
+            try:
+                answer = await asyncio.to_thread(ok, "triggeraudit", uri=cluster.uri)
+                requested = await _requested_ms(store)
+                return answer, requested
+            finally:
+                await election.stop()
+
+    answer, requested = asyncio.run(trigger_while_elected())
+    assert answer["auditor"] == "auditor-under-test"
+    assert requested == answer["requested_ms"]
+
+
+async def _requested_ms(store: Any) -> int | None:
+    requests: list[int | None] = []
+    watcher = await UnderReplicationManager(store).watch_audit_requests(requests.append)
+    watcher.cancel()
+    return requests[0]
+
+
+def test_listunderreplicated_lost_shows_the_lost_entries_list(cluster: Cluster) -> None:
+    empty = shell("listunderreplicated", "--lost", "--json", uri=cluster.uri)
+    assert (empty.returncode, empty.stdout.strip()) == (0, "[]")
+
+    async def record() -> None:
+        async with open_store(cluster.uri) as store:
+            await UnderReplicationManager(store).record_lost_entries(
+                cluster.closed, [(2, 4)], "no copy of 2-4 anywhere", mark_version=0, now_ms=7
+            )
+
+    asyncio.run(record())
+    listed, table = shells(
+        ("listunderreplicated", "--lost", "--json"),
+        ("listunderreplicated", "--lost"),
+        uri=cluster.uri,
+    )
+    assert parsed(listed) == [
+        {
+            "ledger_id": str(cluster.closed),
+            "qualified_name": cluster.closed.qualified_name,
+            "entries": [[2, 4]],
+            "reason": "no copy of 2-4 anywhere",
+            "recorded_ms": 7,
+        }
+    ]
+    assert table.returncode == 0
+    assert "2-4" in table.stdout
+    assert "no copy of 2-4 anywhere" in table.stdout

@@ -5,8 +5,8 @@ a client), does one thing and says what it found: a rich table for people, or wi
 `--json` one JSON document (a list, `[]` when empty) for scripts. The exit code tells a
 script what happened without parsing any message (see `HELP`).
 
-The read-only views of bookies and ledgers are public here because the admin HTTP app
-serves the same views: one shape for a script whichever face it asks.
+The JSON views are those of the admin HTTP app (tally.metadata.views): one shape for a
+script whichever face it asks.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from tally.client.bookie_connection import BookieConnection
 from tally.client.client import Client
 from tally.client.reader import LedgerReader
 from tally.client.writer import LedgerWriter
-from tally.core.disk_usage import BookieMode
 from tally.core.errors import (
     BadRequest,
     ClusterNotInitialised,
@@ -60,12 +59,19 @@ from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerState
 from tally.core.schedule import check_quorums
 from tally.metadata.auditor_election import who_is_auditor
-from tally.metadata.bookie_registry import BookiePlacement, BookieRegistration, BookieRegistry
+from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
-from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.store import MetadataStore, open_store
-from tally.metadata.underreplication import UnderReplicatedLedger, UnderReplicationManager
+from tally.metadata.underreplication import UnderReplicationManager
+from tally.metadata.views import (
+    bookie_view,
+    bookie_views,
+    ledger_view,
+    lost_entries_view,
+    under_replicated_view,
+)
 
 T = TypeVar("T")
 
@@ -149,66 +155,6 @@ Password = Annotated[
     str, typer.Option("--password", help="The ledger's password (as text, UTF-8).")
 ]
 Force = Annotated[bool, typer.Option("--force", help="Required: confirms the deletion.")]
-
-
-# --- views shared with the admin HTTP app ---------------------------------------------------
-
-
-def bookie_view(
-    bookie_id: str, registration: BookieRegistration | None, placement: BookiePlacement | None
-) -> dict[str, Any]:
-    """One bookie as the store knows it; state "down" when it has no registration."""
-    info = registration.info if registration is not None else None
-    state = "down"
-    if registration is not None:
-        state = (BookieMode.READ_ONLY if registration.read_only else BookieMode.WRITABLE).value
-    return {
-        "bookie_id": bookie_id,
-        "state": state,
-        "address": info.address if info else None,
-        "http_port": info.http_port if info else None,
-        "version": info.version if info else None,
-        "start_time_ms": info.start_time_ms if info else None,
-        "rack": placement.rack if placement else None,
-    }
-
-
-async def bookie_views(
-    store: MetadataStore, states: Iterable[str] = ("writable", "readonly")
-) -> list[dict[str, Any]]:
-    """The bookies in `states` (writable, readonly, down), by id. Down bookies are those
-    formatted for the cluster (they have a cookie) and not registered now."""
-    wanted = frozenset(states)
-    registry = BookieRegistry(store)
-    available, placements = await asyncio.gather(
-        registry.available_bookies(), registry.placements()
-    )
-    candidates = set(available.writable | available.read_only)
-    if "down" in wanted:
-        candidates.update(await CookieManager(store).bookie_ids())
-    ids = sorted(candidates)
-    registrations = await asyncio.gather(*(registry.registration(b) for b in ids))
-    views = [bookie_view(b, r, placements.get(b)) for b, r in zip(ids, registrations, strict=True)]
-    return [view for view in views if view["state"] in wanted]
-
-
-def ledger_view(record: LedgerRecord) -> dict[str, Any]:
-    """A ledger's metadata, its segments' ensembles included, under both forms of its id."""
-    return {
-        "ledger_id": str(record.ledger_id),
-        "qualified_name": record.ledger_id.qualified_name,
-        "metadata_version": record.version,
-        **record.metadata.to_dict(),
-    }
-
-
-def under_replicated_view(mark: UnderReplicatedLedger) -> dict[str, Any]:
-    return {
-        "ledger_id": str(mark.ledger_id),
-        "qualified_name": mark.ledger_id.qualified_name,
-        "missing_bookies": sorted(mark.missing_bookies),
-        "first_marked_ms": mark.first_marked_ms,
-    }
 
 
 # --- running a command ----------------------------------------------------------------------
@@ -789,15 +735,26 @@ def list_under_replicated(
         str | None,
         typer.Option("--missing-bookie", help="Only ledgers whose copies on this bookie are lost."),
     ] = None,
+    lost: Annotated[
+        bool,
+        typer.Option(
+            "--lost", help="The ledgers with entries no copy is left of, which no worker retries."
+        ),
+    ] = False,
     json_output: Json = False,
 ) -> None:
     """List the ledgers marked under-replicated, with the bookies that lost their copies."""
 
     async def walk(store: MetadataStore) -> list[dict[str, Any]]:
         views: list[dict[str, Any]] = []
+        manager = UnderReplicationManager(store)
         with _progress() as progress:
-            task = progress.add_task("marks", total=None)
-            manager = UnderReplicationManager(store)
+            task = progress.add_task("lost entries" if lost else "marks", total=None)
+            if lost:
+                async for record in manager.list_lost_entries():
+                    views.append(lost_entries_view(record))
+                    progress.advance(task)
+                return views
             async for mark in manager.list_under_replicated(missing_bookie=missing_bookie):
                 views.append(under_replicated_view(mark))
                 progress.advance(task)
@@ -807,12 +764,47 @@ def list_under_replicated(
     if json_output:
         _print_json(views)
         return
+    if lost:
+        lost_rows = [
+            (
+                v["ledger_id"],
+                ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in v["entries"]),
+                v["reason"],
+                _time(v["recorded_ms"]),
+            )
+            for v in views
+        ]
+        title = f"{len(views)} ledgers with lost entries"
+        _console().print(_table(title, ("ledger", "entries", "why", "recorded"), lost_rows))
+        return
     rows = [
         (v["ledger_id"], " ".join(v["missing_bookies"]) or "(all)", _time(v["first_marked_ms"]))
         for v in views
     ]
     columns = ("ledger", "missing bookies", "first marked")
     _console().print(_table(f"{len(views)} under-replicated ledgers", columns, rows))
+
+
+@app.command("triggeraudit")
+def trigger_audit(metadata: Metadata = None, json_output: Json = False) -> None:
+    """Ask the elected auditor to run every check now (exit 4 when no auditor runs)."""
+
+    async def trigger(store: MetadataStore) -> tuple[str | None, int | None]:
+        auditor = await who_is_auditor(store)
+        if auditor is None:
+            return None, None
+        return auditor, await UnderReplicationManager(store).request_audit()
+
+    auditor, requested_ms = _with_store(metadata, trigger)
+    if auditor is None:
+        raise _fail(
+            "no auditor is elected: start `tally autorecovery` (tally local up starts one)",
+            EXIT_UNAVAILABLE,
+        )
+    if json_output:
+        _print_json({"auditor": auditor, "requested_ms": requested_ms})
+    else:
+        typer.echo(f"audit requested from auditor {auditor}")
 
 
 @delay_app.command("get")

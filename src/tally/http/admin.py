@@ -34,7 +34,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 import tally
 from tally.bookie.config import BookieConfig
-from tally.cli.shell import bookie_views, ledger_view
 from tally.core.disk_usage import DiskState
 from tally.core.errors import (
     BadRequest,
@@ -49,6 +48,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.store import MetadataStore
+from tally.metadata.views import bookie_views, ledger_view
 
 MAX_PAGE_SIZE = 10_000
 SHUTDOWN_GRACE = 2
