@@ -26,13 +26,15 @@ from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
-from tally.http.admin import LocalBookie, create_app, serve
+from tally.http.admin import LocalAutoRecovery, LocalBookie, create_app, serve
+from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import BookieInfo, BookieRegistry
 from tally.metadata.cluster import init_cluster
 from tally.metadata.layout import LEDGER_METADATA
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.ledger_tree import create_with_parents
 from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.underreplication import UnderReplicationManager
 
 ENDPOINTS = {
     "/heartbeat",
@@ -41,6 +43,12 @@ ENDPOINTS = {
     "/api/v1/bookie/list",
     "/api/v1/ledger/list",
     "/api/v1/ledger/metadata",
+    "/api/v1/autorecovery/list_under_replicated_ledger",
+    "/api/v1/autorecovery/who_is_auditor",
+    "/api/v1/autorecovery/trigger_audit",
+    "/api/v1/autorecovery/lost_bookie_recovery_delay",
+    "/api/v1/autorecovery/status",
+    "/api/v1/autorecovery/process",
 }
 ENSEMBLE = ("10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181")
 _stores = itertools.count()
@@ -64,8 +72,17 @@ class Served:
     async def get(self, path: str) -> Answer:
         return await asyncio.to_thread(_get, f"http://127.0.0.1:{self.port}{path}")
 
+    async def put(self, path: str, body: object = None) -> Answer:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="PUT",
+        )
+        return await asyncio.to_thread(_get, request)
 
-def _get(url: str) -> Answer:
+
+def _get(url: str | urllib.request.Request) -> Answer:
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
             return Answer(answer.status, answer.headers["content-type"], answer.read())
@@ -86,8 +103,11 @@ async def served(
     store: MetadataStore,
     bookie: LocalBookie | None = None,
     registry: CollectorRegistry | None = None,
+    autorecovery: LocalAutoRecovery | None = None,
 ) -> AsyncIterator[Served]:
-    app = create_app(store, bookie=bookie, registry=registry or CollectorRegistry())
+    app = create_app(
+        store, bookie=bookie, autorecovery=autorecovery, registry=registry or CollectorRegistry()
+    )
     task, port = await serve(app, "127.0.0.1", 0)
     try:
         yield Served(port, store)
@@ -276,7 +296,13 @@ def test_the_openapi_document_lists_every_endpoint() -> None:
         document = answer.json()
         assert document["openapi"].startswith("3.")
         assert set(document["paths"]) == ENDPOINTS
-        assert all(set(operations) == {"get"} for operations in document["paths"].values())
+        writable = {
+            "/api/v1/autorecovery/trigger_audit": {"put"},
+            "/api/v1/autorecovery/lost_bookie_recovery_delay": {"get", "put"},
+            "/api/v1/autorecovery/status": {"get", "put"},
+        }
+        for path, operations in document["paths"].items():
+            assert set(operations) == writable.get(path, {"get"}), path
         metadata = document["paths"]["/api/v1/ledger/metadata"]["get"]
         assert [p["name"] for p in metadata["parameters"]] == ["ledger_id"]
         assert {"400", "404"} <= set(metadata["responses"])
@@ -303,5 +329,86 @@ def test_serve_picks_a_port_leaves_signals_alone_and_stops_on_cancel() -> None:
         with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
             pass
         assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+    run(check)
+
+
+# --- auto-recovery --------------------------------------------------------------------------
+
+
+@dataclass
+class FakeAutoRecovery:
+    """Stands for the process's auditor and worker, whose own tests cover their status."""
+
+    def status(self) -> dict[str, Any]:
+        return {"auditor": {"elected": True}, "worker": {"replicated": 2}}
+
+
+def test_autorecovery_marks_lost_entries_auditor_and_audit_requests() -> None:
+    lost_ledger, marked = LedgerId.classic(5), LedgerId(3, 9)
+
+    async def check() -> None:
+        async with cluster_store() as (_, store), served(store) as http:
+            manager = UnderReplicationManager(store)
+            assert (
+                await http.get("/api/v1/autorecovery/list_under_replicated_ledger")
+            ).json() == []
+            await manager.mark_under_replicated(marked, ["10.0.0.1:3181"], now_ms=11)
+            await manager.record_lost_entries(lost_ledger, [(0, 1)], "gone", mark_version=0)
+            listed = await http.get("/api/v1/autorecovery/list_under_replicated_ledger")
+            assert [m["qualified_name"] for m in listed.json()] == [marked.qualified_name]
+            assert listed.json()[0]["missing_bookies"] == ["10.0.0.1:3181"]
+            other = await http.get(
+                "/api/v1/autorecovery/list_under_replicated_ledger?missing_bookie=10.9.9.9:1"
+            )
+            assert other.json() == []
+            lost = await http.get("/api/v1/autorecovery/list_under_replicated_ledger?lost=true")
+            assert [(x["ledger_id"], x["entries"]) for x in lost.json()] == [("5", [[0, 1]])]
+
+            assert (await http.get("/api/v1/autorecovery/who_is_auditor")).json() == {
+                "auditor": None
+            }
+            refused = await http.put("/api/v1/autorecovery/trigger_audit")
+            assert (refused.status, refused.json()["error"]) == (409, "NoAuditor")
+            election = AuditorElection(store, "autorecovery-1")
+            await election.start()
+            try:
+                who = await http.get("/api/v1/autorecovery/who_is_auditor")
+                assert who.json() == {"auditor": "autorecovery-1"}
+                triggered = await http.put("/api/v1/autorecovery/trigger_audit")
+                assert triggered.status == 200
+                assert triggered.json()["auditor"] == "autorecovery-1"
+            finally:
+                await election.stop()
+
+    run(check)
+
+
+def test_autorecovery_settings_and_process_status() -> None:
+    async def check() -> None:
+        async with cluster_store() as (_, store), served(store) as http:
+            delay = "/api/v1/autorecovery/lost_bookie_recovery_delay"
+            assert (await http.get(delay)).json() == {"delay_seconds": None}
+            assert (await http.put(delay, {"delay_seconds": 30})).status == 200
+            assert (await http.get(delay)).json() == {"delay_seconds": 30}
+            assert await UnderReplicationManager(store).lost_bookie_recovery_delay() == 30
+            for bad in ({"delay_seconds": -1}, {"delay_seconds": "soon"}, {}):
+                refused = await http.put(delay, bad)
+                assert refused.status == 422
+                assert "delay_seconds" in refused.json()["reason"]
+            status = "/api/v1/autorecovery/status"
+            assert (await http.get(status)).json() == {"enabled": True}
+            assert (await http.put(f"{status}?enabled=false")).json() == {"enabled": False}
+            assert not await UnderReplicationManager(store).is_replication_enabled()
+            assert (await http.get(status)).json() == {"enabled": False}
+            assert (await http.put(f"{status}?enabled=maybe")).status == 422
+            absent = await http.get("/api/v1/autorecovery/process")
+            assert (absent.status, absent.json()["error"]) == (404, "NoAutoRecovery")
+        async with (
+            cluster_store() as (_, store),
+            served(store, autorecovery=FakeAutoRecovery()) as http,
+        ):
+            process = await http.get("/api/v1/autorecovery/process")
+            assert process.json() == FakeAutoRecovery().status()
 
     run(check)

@@ -31,6 +31,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
 
 import tally
 from tally.bookie.config import BookieConfig
@@ -46,9 +47,16 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
+from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.store import MetadataStore
-from tally.metadata.views import bookie_views, ledger_view
+from tally.metadata.underreplication import UnderReplicationManager
+from tally.metadata.views import (
+    bookie_views,
+    ledger_view,
+    lost_entries_view,
+    under_replicated_view,
+)
 
 MAX_PAGE_SIZE = 10_000
 SHUTDOWN_GRACE = 2
@@ -66,6 +74,18 @@ class LocalBookie(Protocol):
     def disk(self) -> DiskState: ...
     @property
     def config(self) -> BookieConfig: ...
+
+
+class LocalAutoRecovery(Protocol):
+    """What /api/v1/autorecovery/process reports of the auditor and worker in this process."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class DelayBody(BaseModel):
+    """BookKeeper's body for setting the lost bookie recovery delay."""
+
+    delay_seconds: Annotated[int, Field(ge=0, description="Seconds; 0: mark at once")]
 
 
 class BookieType(enum.Enum):
@@ -118,11 +138,13 @@ def create_app(
     store: MetadataStore,
     *,
     bookie: LocalBookie | None = None,
+    autorecovery: LocalAutoRecovery | None = None,
     registry: CollectorRegistry = REGISTRY,
 ) -> FastAPI:
-    """The admin app of a process with a session on `store`, running `bookie` (if any) and
-    exporting the metrics of `registry`."""
+    """The admin app of a process with a session on `store`, running `bookie` and
+    `autorecovery` (if any) and exporting the metrics of `registry`."""
     ledgers = LedgerManager(store)
+    under_replication = UnderReplicationManager(store)
     app = FastAPI(
         title="tally admin",
         version=tally.__version__,
@@ -237,6 +259,101 @@ def create_app(
     ) -> dict[str, Any]:
         """The ledger's metadata, with every segment's ensemble of bookies."""
         return ledger_view(await ledgers.read_ledger_metadata(LedgerId.parse(ledger_id)))
+
+    @app.get(
+        "/api/v1/autorecovery/list_under_replicated_ledger",
+        summary="Ledgers marked under-replicated, or on the lost-entries list",
+        responses=_documented(500, 503),
+    )
+    async def list_under_replicated(
+        missing_bookie: Annotated[
+            str | None, Query(description="Only ledgers whose copies on this bookie are lost")
+        ] = None,
+        lost: Annotated[
+            bool, Query(description="The ledgers with entries no copy is left of instead")
+        ] = False,
+    ) -> list[dict[str, Any]]:
+        """Marked ledgers in id order with the bookies that lost their copies and when they
+        were first marked; with `lost`, the entries no worker can copy, and why."""
+        if lost:
+            return [lost_entries_view(x) async for x in under_replication.list_lost_entries()]
+        marks = under_replication.list_under_replicated(missing_bookie=missing_bookie)
+        return [under_replicated_view(mark) async for mark in marks]
+
+    @app.get(
+        "/api/v1/autorecovery/who_is_auditor",
+        summary="The elected auditor",
+        responses=_documented(503),
+    )
+    async def auditor() -> dict[str, str | None]:
+        """The id of the auto-recovery process that audits now; null when none runs."""
+        return {"auditor": await who_is_auditor(store)}
+
+    @app.put(
+        "/api/v1/autorecovery/trigger_audit",
+        summary="Run every auditor check now",
+        responses={**_documented(503), 409: {"description": "No auditor is elected"}},
+    )
+    async def trigger_audit() -> Any:
+        """Ask the elected auditor to run all its checks at once."""
+        elected = await who_is_auditor(store)
+        if elected is None:
+            return _error(409, "NoAuditor", "no auditor is elected: start tally autorecovery")
+        return {"auditor": elected, "requested_ms": await under_replication.request_audit()}
+
+    @app.get(
+        "/api/v1/autorecovery/lost_bookie_recovery_delay",
+        summary="The lost bookie recovery delay",
+        responses=_documented(500, 503),
+    )
+    async def get_delay() -> dict[str, int | None]:
+        """Seconds the auditor waits before it marks a lost bookie's ledgers; null when not
+        set in the store (each auditor then uses its configured default)."""
+        return {"delay_seconds": await under_replication.lost_bookie_recovery_delay()}
+
+    @app.put(
+        "/api/v1/autorecovery/lost_bookie_recovery_delay",
+        summary="Set the lost bookie recovery delay",
+        responses=_documented(503),
+    )
+    async def set_delay(body: DelayBody) -> dict[str, int | None]:
+        """Set the delay for the whole cluster; the auditor picks it up at once."""
+        await under_replication.set_lost_bookie_recovery_delay(body.delay_seconds)
+        return {"delay_seconds": body.delay_seconds}
+
+    @app.get(
+        "/api/v1/autorecovery/status",
+        summary="Whether replication is enabled",
+        responses=_documented(503),
+    )
+    async def replication_status() -> dict[str, bool]:
+        return {"enabled": await under_replication.is_replication_enabled()}
+
+    @app.put(
+        "/api/v1/autorecovery/status",
+        summary="Enable or disable replication cluster-wide",
+        responses=_documented(503),
+    )
+    async def set_replication_status(
+        enabled: Annotated[bool, Query(description="true: workers repair; false: they pause")],
+    ) -> dict[str, bool]:
+        if enabled:
+            await under_replication.enable_replication()
+        else:
+            await under_replication.disable_replication()
+        return {"enabled": enabled}
+
+    @app.get(
+        "/api/v1/autorecovery/process",
+        summary="This process's auditor and replication worker",
+        responses=_documented(404),
+    )
+    async def autorecovery_process() -> Any:
+        """Election state, lost bookies, last checks and their findings, and the worker's
+        progress, of the auto-recovery running in this process."""
+        if autorecovery is None:
+            return _error(404, "NoAutoRecovery", "this process runs no auto-recovery")
+        return autorecovery.status()
 
     return app
 
