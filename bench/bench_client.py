@@ -62,6 +62,7 @@ from tally.client.client import Client  # noqa: E402
 from tally.client.config import ClientConfig  # noqa: E402
 from tally.client.reader import EntryFetcher  # noqa: E402
 from tally.client.writer import LedgerWriter  # noqa: E402
+from tally.core.digest import LedgerKeys  # noqa: E402
 from tally.core.ids import LedgerId  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -285,7 +286,7 @@ async def time_recovery(client: Client, ledger_id: LedgerId) -> Recovery:
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     if not reader.is_closed or reader.last_entry_id != RECOVERY_ENTRIES - 1:
         raise RuntimeError(f"ledger {ledger_id} is not closed at its last entry after recovery")
-    fetcher = EntryFetcher(client.context, ledger_id, PASSWORD)
+    fetcher = EntryFetcher(client.context, ledger_id, LedgerKeys.of_password(PASSWORD))
     last = await fetcher.read_from(
         reader.metadata, reader.metadata.ensemble_at(reader.last_entry_id)[0], -1
     )

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from tally.core.digest import (
     DigestType,
+    LedgerKeys,
     compute,
     crc32c,
     mac_key,
     master_key,
-    password_hash,
 )
 from tally.core.errors import BadRequest
 
@@ -64,8 +64,9 @@ def test_hmac_differs_by_password() -> None:
 
 def test_password_derivations_are_distinct_and_never_the_password() -> None:
     password = b"alpha"
-    derived = {mac_key(password), master_key(password), password_hash(password)}
-    assert len(derived) == 3
+    derived = {mac_key(password), master_key(password)}
+    assert len(derived) == 2
+    assert LedgerKeys.of_password(password) == LedgerKeys(master_key(password), mac_key(password))
     assert all(len(value) == 32 and password not in value for value in derived)
     assert mac_key(b"alpha") != mac_key(b"beta")
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tally.core.digest import DigestType, crc32c, password_hash
+from tally.core.digest import DigestType, crc32c, master_key
 from tally.core.errors import (
     BadRequest,
     InvalidMetadataTransition,
@@ -70,7 +70,7 @@ def fields(**overrides: Any) -> dict[str, Any]:
         "ack_quorum": 2,
         "segments": (Segment(0, E3),),
         "digest_type": DigestType.CRC32C,
-        "password_hash": password_hash(PASSWORD),
+        "master_key": master_key(PASSWORD),
         "ctime_ms": CTIME,
         "creator_token": TOKEN,
     }
@@ -147,7 +147,7 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
         ack_quorum=ack_quorum,
         segments=segments,
         digest_type=draw(st.sampled_from(DigestType)),
-        password_hash=draw(st.binary(min_size=32, max_size=32)),
+        master_key=draw(st.binary(min_size=32, max_size=32)),
         ctime_ms=draw(st.integers(0, INT64_MAX)),
         creator_token=draw(st.binary(max_size=20)),
         last_entry_id=last_entry_id,
@@ -161,13 +161,13 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
 # Construction
 
 
-def test_create_builds_an_open_ledger_keeping_only_the_password_hash() -> None:
+def test_create_builds_an_open_ledger_keeping_the_master_key_not_the_password() -> None:
     metadata = open_ledger(custom={"app": b"pulsar"})
     assert metadata.state is LedgerState.OPEN
     assert (metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum) == (3, 2, 2)
     assert metadata.segments == (Segment(0, E3),)
     assert (metadata.last_entry_id, metadata.length) == (-1, 0)
-    assert metadata.password_hash == password_hash(PASSWORD) != PASSWORD
+    assert metadata.master_key == master_key(PASSWORD) != PASSWORD
     assert PASSWORD not in metadata.to_bytes()
     assert dict(metadata.custom_metadata) == {"app": b"pulsar"}
 
@@ -203,8 +203,8 @@ def test_create_builds_an_open_ledger_keeping_only_the_password_hash() -> None:
             },
             "closed at last entry 8, but the last segment starts at entry 10",
         ),
-        ({"password_hash": b"short"}, "password hash must be 32 bytes"),
-        ({"password_hash": "x" * 32}, "password hash must be 32 bytes"),
+        ({"master_key": b"short"}, "master key must be 32 bytes"),
+        ({"master_key": "x" * 32}, "master key must be 32 bytes"),
         ({"ctime_ms": -1}, "ctime"),
         ({"ctime_ms": 1.5}, "ctime .* must be an int"),
         ({"creator_token": "token"}, "creator token must be bytes"),
@@ -493,7 +493,7 @@ def test_bytes_follow_the_documented_layout() -> None:
         ack_quorum=2,
         segments=(Segment(0, ("a", "b", "c")), Segment(7, ("a", "ü", "c"))),
         digest_type=DigestType.HMAC,
-        password_hash=bytes(range(32)),
+        master_key=bytes(range(32)),
         ctime_ms=123,
         creator_token=b"\x01\x02",
         last_entry_id=9,
@@ -738,7 +738,7 @@ def test_to_dict() -> None:
         ],
     }
     text = json.dumps(view)
-    assert password_hash(PASSWORD).hex() not in text
+    assert master_key(PASSWORD).hex() not in text
     assert "password" not in text
 
 

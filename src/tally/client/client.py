@@ -25,7 +25,7 @@ from tally.client.context import ClientContext
 from tally.client.reader import LedgerReader
 from tally.client.recovery import recover
 from tally.client.writer import LedgerWriter
-from tally.core.digest import DigestType
+from tally.core.digest import DigestType, LedgerKeys
 from tally.core.errors import BadRequest, IllegalOperation
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata, LedgerState
@@ -166,9 +166,10 @@ class Client:
         context = self.context
         record = await context.ledgers.read_ledger_metadata(LedgerId.parse(ledger_id))
         record.metadata.check_password(password, record.ledger_id)
+        keys = LedgerKeys.of_password(password)
         if recovery:
-            record = await recover(context, record, password)
-        reader = LedgerReader(context, record, password)
+            record = await recover(context, record, keys)
+        reader = LedgerReader(context, record, keys)
         if record.metadata.state is not LedgerState.CLOSED:
             await reader.update_last_add_confirmed()
         return reader

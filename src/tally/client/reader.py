@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from tally.client.context import ClientContext
-from tally.core.digest import mac_key, master_key
+from tally.core.digest import LedgerKeys
 from tally.core.entry_format import Entry, decode_entry
 from tally.core.errors import (
     BadDigest,
@@ -60,11 +60,11 @@ class FetchedEntry:
 class EntryFetcher:
     """Reads and verifies single entries of one ledger; shared by readers and recovery."""
 
-    def __init__(self, context: ClientContext, ledger_id: LedgerId, password: bytes) -> None:
+    def __init__(self, context: ClientContext, ledger_id: LedgerId, keys: LedgerKeys) -> None:
         self.context = context
         self.ledger_id = ledger_id
-        self.mac_key = mac_key(password)
-        self.master_key = master_key(password)
+        self.mac_key = keys.mac_key
+        self.master_key = keys.master_key
 
     async def read_from(
         self,
@@ -164,9 +164,9 @@ def _worst(
 class LedgerReader:
     """A read-only view of a ledger: closed (up to its last entry) or open (up to the LAC)."""
 
-    def __init__(self, context: ClientContext, record: LedgerRecord, password: bytes) -> None:
+    def __init__(self, context: ClientContext, record: LedgerRecord, keys: LedgerKeys) -> None:
         self._record = record
-        self._fetcher = EntryFetcher(context, record.ledger_id, password)
+        self._fetcher = EntryFetcher(context, record.ledger_id, keys)
         self._last_add_confirmed = record.metadata.last_entry_id
 
     @property

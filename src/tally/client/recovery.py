@@ -20,6 +20,7 @@ import logging
 
 from tally.client.context import ClientContext
 from tally.client.reader import EntryFetcher, FetchedEntry
+from tally.core.digest import LedgerKeys
 from tally.core.errors import (
     LedgerRecoveryFailed,
     MetadataVersionConflict,
@@ -38,18 +39,19 @@ from tally.metadata.ledger_manager import LedgerRecord
 log = logging.getLogger(__name__)
 
 
-async def recover(context: ClientContext, record: LedgerRecord, password: bytes) -> LedgerRecord:
+async def recover(context: ClientContext, record: LedgerRecord, keys: LedgerKeys) -> LedgerRecord:
     """Recover and close the ledger of `record`; returns its CLOSED record.
 
-    LedgerRecoveryFailed when the end cannot be decided yet (bookies down or silent)."""
+    `keys` must be the ledger's (the caller checked the password, or took the master key
+    from the metadata). LedgerRecoveryFailed when the end cannot be decided yet (bookies
+    down or silent)."""
     ledger_id = record.ledger_id
-    record.metadata.check_password(password, ledger_id)
     if record.metadata.state is LedgerState.CLOSED:
         return record
     record = await _start_recovery(context, record)
     if record.metadata.state is LedgerState.CLOSED:
         return record
-    fetcher = EntryFetcher(context, ledger_id, password)
+    fetcher = EntryFetcher(context, ledger_id, keys)
     metadata = record.metadata
     confirmed = await _fence(fetcher, metadata)
     start = max(confirmed, metadata.segments[-1].first_entry_id - 1)

@@ -12,6 +12,7 @@ import enum
 import hashlib
 import hmac
 import zlib
+from dataclasses import dataclass
 
 import google_crc32c
 
@@ -66,9 +67,23 @@ def master_key(password: bytes) -> bytes:
     return hashlib.sha256(b"ledger" + password).digest()
 
 
-def password_hash(password: bytes) -> bytes:
-    """What the ledger metadata stores, so a reader's password can be checked early."""
-    return hashlib.sha256(b"metadata" + password).digest()
+@dataclass(frozen=True, slots=True)
+class LedgerKeys:
+    """What reading, fencing and copying a ledger's entries take.
+
+    The master key opens the ledger on its bookies (adds, fencing reads); the ledger
+    metadata keeps it, so auto-recovery can repair any ledger without its password, as
+    BookKeeper keeps the password itself in the metadata for the same reason. The MAC key,
+    from the password alone, stays with the ledger's users: whoever can read the metadata
+    still cannot forge an HMAC digest.
+    """
+
+    master_key: bytes
+    mac_key: bytes
+
+    @classmethod
+    def of_password(cls, password: bytes) -> LedgerKeys:
+        return cls(master_key(password), mac_key(password))
 
 
 def compute(digest_type: DigestType, key: bytes, *chunks: bytes | memoryview) -> bytes:

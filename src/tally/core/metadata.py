@@ -14,7 +14,7 @@ Serialized form (big-endian)::
             | uint32 body length | uint32 CRC32C of the body     (version 1 header)
     body    uint8 state | uint8 digest type | uint16 E | uint16 WQ | uint16 AQ
             | int64 last entry id | int64 length | int64 ctime (ms)
-            | 32 bytes password hash | uint8 n + n bytes creator token
+            | 32 bytes master key    | uint8 n + n bytes creator token
             | uint32 segments, each: int64 first entry id, E x (uint8 n + n bytes UTF-8 bookie id)
             | uint32 custom fields, each: uint16 n + n bytes UTF-8 key, uint32 m + m bytes value,
               keys strictly increasing
@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from tally.core.digest import DigestType, crc32c, password_hash
+from tally.core.digest import DigestType, crc32c, master_key
 from tally.core.errors import (
     BadRequest,
     InvalidMetadataTransition,
@@ -60,11 +60,11 @@ MAX_BOOKIE_ID_BYTES = 0xFF
 MAX_CREATOR_TOKEN_BYTES = 0xFF
 MAX_CUSTOM_KEY_BYTES = 0xFFFF
 MAX_CUSTOM_VALUE_BYTES = 0xFFFF_FFFF
-PASSWORD_HASH_SIZE = 32
+MASTER_KEY_SIZE = 32
 
 _PREFIX = struct.Struct(">4sH")
 _HEADER_V1 = struct.Struct(">II")
-_FIXED_V1 = struct.Struct(f">BBHHHqqq{PASSWORD_HASH_SIZE}s")
+_FIXED_V1 = struct.Struct(f">BBHHHqqq{MASTER_KEY_SIZE}s")
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -161,7 +161,9 @@ class LedgerMetadata:
     ack_quorum: int
     segments: tuple[Segment, ...]
     digest_type: DigestType
-    password_hash: bytes
+    master_key: bytes
+    """The bookies' key of the ledger, `digest.master_key(password)`: checks a reader's
+    password early, and lets auto-recovery repair the ledger (see `digest.LedgerKeys`)."""
     ctime_ms: int
     creator_token: bytes
     last_entry_id: int = -1
@@ -180,9 +182,9 @@ class LedgerMetadata:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
         self._check_segments()
         self._check_end()
-        hashed = self.password_hash
-        if not isinstance(hashed, bytes) or len(hashed) != PASSWORD_HASH_SIZE:
-            raise BadRequest(f"password hash must be {PASSWORD_HASH_SIZE} bytes")
+        hashed = self.master_key
+        if not isinstance(hashed, bytes) or len(hashed) != MASTER_KEY_SIZE:
+            raise BadRequest(f"master key must be {MASTER_KEY_SIZE} bytes")
         _check_int("ctime (ms)", self.ctime_ms, 0)
         if not isinstance(self.creator_token, bytes):
             raise BadRequest(
@@ -261,7 +263,7 @@ class LedgerMetadata:
             ack_quorum=ack_quorum,
             segments=(first,),
             digest_type=digest_type,
-            password_hash=password_hash(password),
+            master_key=master_key(password),
             ctime_ms=ctime_ms,
             creator_token=creator_token,
             custom_metadata=custom_metadata if custom_metadata is not None else {},
@@ -303,7 +305,7 @@ class LedgerMetadata:
         """Refuse a wrong password before any bookie is asked, in constant time."""
         if not isinstance(password, bytes):
             raise BadRequest(f"password must be bytes, not {type(password).__name__}")
-        if not hmac.compare_digest(password_hash(password), self.password_hash):
+        if not hmac.compare_digest(master_key(password), self.master_key):
             raise Unauthorized(f"wrong password for {_ledger_name(ledger_id)}")
 
     # Transitions
@@ -396,8 +398,8 @@ class LedgerMetadata:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view for people and tools; bytes are hex.
 
-        The password hash is left out: it would let anyone who can read the view test
-        password guesses offline.
+        The master key is left out: it opens the ledger on its bookies, and would let anyone
+        who can read the view test password guesses offline.
         """
         return {
             "state": self.state.name,
@@ -428,7 +430,7 @@ class LedgerMetadata:
                 self.last_entry_id,
                 self.length,
                 self.ctime_ms,
-                self.password_hash,
+                self.master_key,
             ),
             _U8.pack(len(self.creator_token)),
             self.creator_token,
@@ -577,7 +579,7 @@ def _read_body_v1(reader: _Reader) -> LedgerMetadata:
         ack_quorum=ack_quorum,
         segments=tuple(segments),
         digest_type=digest,
-        password_hash=pwd,
+        master_key=pwd,
         ctime_ms=ctime_ms,
         creator_token=creator_token,
         last_entry_id=last_entry_id,
