@@ -449,8 +449,11 @@ class SqliteStore(MetadataStore):
 
     async def _poll_loop(self) -> None:
         while True:
+            # Not wait_for: on 3.11 it can swallow a cancel that lands with a wake-up, and
+            # close() would then wait for this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                async with asyncio.timeout(self._poll_interval):
+                    await self._wake.wait()
             self._wake.clear()
             assert self._cursor is not None
             try:
