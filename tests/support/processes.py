@@ -1,7 +1,8 @@
-"""Real tally processes for tests: a cluster on a sqlite store and bookie processes.
+"""Real tally processes for tests: a cluster on a sqlite store, bookie and auto-recovery
+processes.
 
-Each bookie runs as `python -m tally.cli.main bookie ...` in its own process group, so a
-test can SIGKILL, SIGSTOP or SIGTERM it exactly as an operator's incident would.
+Each runs as `python -m tally.cli.main ...` in its own process group, so a test can
+SIGKILL, SIGSTOP or SIGTERM it exactly as an operator's incident would.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,22 +82,7 @@ class BookieProcess:
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + READY_TIMEOUT
-        fd = self.process.stdout.fileno()
-        os.set_blocking(fd, False)
-        seen = b""
-        while time.monotonic() < deadline:
-            with contextlib.suppress(BlockingIOError):
-                seen += os.read(fd, 4096)
-            if b" ready on " in seen:
-                return
-            if self.process.poll() is not None:
-                raise AssertionError(
-                    f"bookie {self.address} exited with {self.process.returncode}:\n{self.log()}"
-                )
-            time.sleep(0.02)
-        raise AssertionError(f"bookie {self.address} not ready in {READY_TIMEOUT}s:\n{self.log()}")
+        wait_for_output(self.process, b" ready on ", f"bookie {self.address}", self.log)
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
@@ -116,6 +102,75 @@ class BookieProcess:
         assert self.process is not None
         if self.process.poll() is None:
             self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+
+def wait_for_output(
+    process: subprocess.Popen[bytes], marker: bytes, what: str, log: Callable[[], str]
+) -> None:
+    """Wait until `process` prints `marker` on its stdout (which is a pipe)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + READY_TIMEOUT
+    fd = process.stdout.fileno()
+    os.set_blocking(fd, False)
+    seen = b""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(BlockingIOError):
+            seen += os.read(fd, 4096)
+        if marker in seen:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"{what} exited with {process.returncode}:\n{log()}")
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not ready in {READY_TIMEOUT}s:\n{log()}")
+
+
+@dataclass
+class AutoRecoveryProcess:
+    """One `tally autorecovery` process; `start` waits until its first generation runs.
+    Settings come as TALLY_AUTORECOVERY_* variables in `settings` (without the prefix)."""
+
+    metadata: str
+    log_path: Path
+    process_id: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+    http_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AutoRecoveryProcess:
+        variables = {f"TALLY_AUTORECOVERY_{k.upper()}": v for k, v in self.settings.items()}
+        log = self.log_path.open("a")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "tally.cli.main", "autorecovery",
+                "--metadata", self.metadata,
+                "--id", self.process_id,
+                "--http-port", str(self.http_port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, **variables},
+        )  # fmt: skip
+        wait_for_output(self.process, b" ready", f"autorecovery {self.process_id}", self.log)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:

@@ -14,10 +14,15 @@ REPLICAS_CHECK_MODES = ("online", "spark")
 class AutoRecoveryConfig:
     metadata: str = ""
     """Metadata store URI (`sqlite:///path`, `zk://host:port/root`)."""
+    http_host: str = "127.0.0.1"
     http_port: int | None = None
     """Serve the admin HTTP app (/metrics, /heartbeat, /api/v1/...) here (0: any free port)."""
     session_timeout: float = 10.0
     """Metadata store session timeout, seconds: how fast another auditor takes over."""
+    placement: str = "rack-aware"
+    """Placement policy of replacement bookies and of the placement check: `default`
+    (random distinct bookies) or `rack-aware`."""
+    min_num_racks_per_write_quorum: int = 2
 
     # -- the auditor ---------------------------------------------------------------------
     lost_bookie_recovery_delay: int = 0
@@ -61,6 +66,9 @@ class AutoRecoveryConfig:
     """Seconds before a failed ledger is tried again by this worker; doubles per failure."""
     replication_backoff_max: float = 300.0
     """The longest wait between tries (lockReleaseOfFailedLedgerGracePeriod, 5 min)."""
+    ledger_passwords: tuple[str, ...] = ()
+    """Passwords (UTF-8) of HMAC ledgers, whose copies the worker can only verify with the
+    MAC key; other digests need none (the master key is in the metadata)."""
     under_replicated_poll_interval: float = 5.0
     """Seconds between looks for marked ledgers besides the watch (a missed event heals)."""
 

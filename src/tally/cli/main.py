@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import bench, bookie, cluster, cluster_demo, demo, local, shell
+from tally.cli import autorecovery, bench, bookie, cluster, cluster_demo, demo, local, shell
 
 app = typer.Typer(
     name="tally",
@@ -17,6 +17,7 @@ app.command("tour")(demo.run)
 app.command("bench")(bench.run)
 app.add_typer(cluster.app, name="cluster")
 app.command("bookie")(bookie.run)
+app.command("autorecovery")(autorecovery.run)
 app.add_typer(local.app, name="local")
 app.add_typer(shell.app, name="shell")
 

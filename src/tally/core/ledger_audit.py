@@ -1,0 +1,582 @@
+"""The audit's verdict on one closed ledger: every violation it has, as report rows.
+
+BP-34's checker, for one ledger, in one pure function that the online auditor, the Spark job
+and the confirmation pass all call, so that they cannot disagree. The order of the checks is
+the seed's: a ledger already marked under-replicated is left to re-replication (and reported
+only once that has taken too long); any other ledger is judged on its durability
+(`check_ledger`, worst entry), its strays (entries where no write set puts them), its
+unresponsive bookies and the placement of each ensemble.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from tally.core.availability import (
+    GROUP_SIZE,
+    HEADER_SIZE,
+    MAX_ENTRY_ID,
+    VERSION,
+    EntryAvailability,
+)
+from tally.core.durability import DurabilityCategory, LedgerDurability, check_ledger
+from tally.core.errors import BadRequest
+from tally.core.metadata import MAX_ENSEMBLE_SIZE, LedgerMetadata, LedgerState
+from tally.core.placement import (
+    PlacementAdherence,
+    adherence_of_racks,
+    fewest_racks_per_write_set,
+    rack_of,
+)
+from tally.core.schedule import expected_entries
+
+SHOWN_ENTRIES = 5
+"""Entry ids a detail sentence names before it says "...": enough to go and look."""
+
+
+class Category(enum.Enum):
+    """What the audit reports; the values are the report's and the summary's names."""
+
+    NO_REPLICA = "no_replica"
+    BELOW_ACK_QUORUM = "below_ack_quorum"
+    BELOW_WRITE_QUORUM = "below_write_quorum"
+    UNDERREPLICATED_TOO_LONG = "underreplicated_too_long"
+    PLACEMENT_FAIL = "placement_fail"
+    PLACEMENT_SOFT = "placement_soft"
+    UNRESPONSIVE_REGISTERED_BOOKIE = "unresponsive_registered_bookie"
+    POTENTIALLY_FAULTY = "potentially_faulty"
+    ORPHAN_DATA = "orphan_data"
+    MISPLACED_ENTRY = "misplaced_entry"
+
+
+_OF_DURABILITY = {
+    DurabilityCategory.NO_REPLICA: Category.NO_REPLICA,
+    DurabilityCategory.BELOW_ACK_QUORUM: Category.BELOW_ACK_QUORUM,
+    DurabilityCategory.BELOW_WRITE_QUORUM: Category.BELOW_WRITE_QUORUM,
+}
+_OF_ADHERENCE = {
+    PlacementAdherence.FAIL: Category.PLACEMENT_FAIL,
+    PlacementAdherence.MEETS_SOFT: Category.PLACEMENT_SOFT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One report row of a ledger (the ledger id is the caller's to add).
+
+    `missing_count` counts the entries the row is about: missing ones for a durability row,
+    misplaced ones for a misplaced_entry row; None where no entries are counted.
+    """
+
+    category: Category
+    segment_index: int | None
+    bookie_id: str | None
+    missing_count: int | None
+    detail: str
+
+
+def audit_ledger(
+    metadata: LedgerMetadata,
+    availability: Mapping[str, EntryAvailability],
+    *,
+    racks: Mapping[str, str],
+    min_racks: int,
+    underreplicated_since_ms: int | None,
+    now_ms: int,
+    grace_period_ms: int,
+    cluster_racks: int | None = None,
+) -> list[Violation]:
+    """Every violation of one closed, non-empty ledger, in a stable order.
+
+    `availability` maps each bookie that answered to what it holds of this ledger (empty when
+    it holds nothing); a bookie of the ledger absent from it did not answer, and the ledger
+    is potentially faulty rather than judged on that bookie. Bookies outside the ledger's
+    ensembles may appear too: what they hold up to the last entry is misplaced.
+
+    A ledger marked under-replicated is being repaired: within `grace_period_ms` of its
+    mark nothing is reported; past it, one underreplicated_too_long row and nothing else,
+    since its metadata is about to change and any other finding would be stale (seed 000).
+
+    Placement is judged per segment that holds entries (an empty trailing segment protects
+    nothing) with `adherence_of_racks`; `cluster_racks` defaults to the racks that `racks`
+    names, together with those of the ledger's own bookies.
+    """
+    if metadata.state is not LedgerState.CLOSED or metadata.last_entry_id < 0:
+        raise BadRequest(
+            f"the audit judges closed ledgers with entries; this one is {metadata.state.name} "
+            f"with last entry {metadata.last_entry_id}"
+        )
+    if grace_period_ms < 0:
+        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
+    if underreplicated_since_ms is not None:
+        return _underreplicated(underreplicated_since_ms, now_ms, grace_period_ms)
+    verdict = check_ledger(metadata, availability)
+    return [
+        *_durability(metadata, verdict),
+        *_misplaced(metadata, availability, verdict),
+        *potentially_faulty([s.ensemble for s in metadata.segments], verdict.unresponsive_bookies),
+        *_placement(metadata, racks, min_racks, cluster_racks),
+    ]
+
+
+def _underreplicated(since_ms: int, now_ms: int, grace_period_ms: int) -> list[Violation]:
+    marked_for = now_ms - since_ms
+    if marked_for <= grace_period_ms:
+        return []
+    return [
+        Violation(
+            Category.UNDERREPLICATED_TOO_LONG,
+            None,
+            None,
+            None,
+            f"marked under-replicated at {since_ms} ms, {marked_for} ms ago: longer than the "
+            f"grace period of {grace_period_ms} ms",
+        )
+    ]
+
+
+def _durability(metadata: LedgerMetadata, verdict: LedgerDurability) -> list[Violation]:
+    if verdict.category is None:
+        return []
+    category = _OF_DURABILITY[verdict.category]
+    e, wq, aq = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+    bounds = metadata.segment_bounds()
+    found = []
+    for finding in verdict.findings:
+        if not finding.missing:
+            continue
+        first, last = bounds[finding.segment_index]
+        assert last is not None  # closed ledger
+        owed = len(expected_entries(first, last, e, wq, finding.position))
+        found.append(
+            Violation(
+                category,
+                finding.segment_index,
+                finding.bookie_id,
+                len(finding.missing),
+                f"bookie {finding.bookie_id} (segment {finding.segment_index}, position "
+                f"{finding.position}) lacks {len(finding.missing)} of the {owed} entries its "
+                f"write sets put there ({_entries(finding.missing)}); the worst entry of the "
+                f"ledger has {verdict.fewest_copies} of WQ={wq} copies (AQ={aq})",
+            )
+        )
+    return found
+
+
+def _misplaced(
+    metadata: LedgerMetadata,
+    availability: Mapping[str, EntryAvailability],
+    verdict: LedgerDurability,
+) -> list[Violation]:
+    """Entries of a segment on a bookie whose write sets there do not include them:
+    `check_ledger`'s for the segment's own bookies, here for every other bookie."""
+    found: dict[tuple[int, str], Violation] = {}
+    for finding in verdict.findings:
+        if finding.misplaced:
+            found[finding.segment_index, finding.bookie_id] = _misplaced_row(
+                finding.segment_index,
+                finding.bookie_id,
+                finding.misplaced,
+                "outside its write sets",
+            )
+    for index, (segment, (first, last)) in enumerate(
+        zip(metadata.segments, metadata.segment_bounds(), strict=True)
+    ):
+        assert last is not None  # closed ledger
+        if last < first:
+            continue
+        span = EntryAvailability.span(first, last)
+        members = set(segment.ensemble)
+        for bookie, held in availability.items():
+            if bookie in members or not held:
+                continue
+            stray = held.intersection(span)
+            if stray:
+                found[index, bookie] = _misplaced_row(
+                    index, bookie, stray, "although it is not in the segment's ensemble"
+                )
+    return [found[key] for key in sorted(found)]
+
+
+def _misplaced_row(
+    segment_index: int, bookie_id: str, entries: EntryAvailability, why: str
+) -> Violation:
+    return Violation(
+        Category.MISPLACED_ENTRY,
+        segment_index,
+        bookie_id,
+        len(entries),
+        f"bookie {bookie_id} holds {len(entries)} entries of segment {segment_index} "
+        f"{why} ({_entries(entries)})",
+    )
+
+
+def potentially_faulty(
+    ensembles: Sequence[Sequence[str]], silent: Iterable[str]
+) -> list[Violation]:
+    """The potentially_faulty rows of a ledger whose `silent` bookies (those of its segments
+    with entries that did not answer) went unjudged: one per bookie, in order, naming the
+    segments it is in."""
+    found = []
+    for bookie in sorted(silent):
+        segments = [str(index) for index, ensemble in enumerate(ensembles) if bookie in ensemble]
+        found.append(
+            Violation(
+                Category.POTENTIALLY_FAULTY,
+                None,
+                bookie,
+                None,
+                f"bookie {bookie} of segment(s) {', '.join(segments)} did not report its "
+                f"entries; its copies are not judged",
+            )
+        )
+    return found
+
+
+def _placement(
+    metadata: LedgerMetadata,
+    racks: Mapping[str, str],
+    min_racks: int,
+    cluster_racks: int | None,
+) -> list[Violation]:
+    wq = metadata.write_quorum
+    found = []
+    for index, (segment, (first, last)) in enumerate(
+        zip(metadata.segments, metadata.segment_bounds(), strict=True)
+    ):
+        assert last is not None  # closed ledger
+        if last < first:
+            continue
+        placed = [rack_of(racks, bookie) for bookie in segment.ensemble]
+        in_cluster = cluster_racks if cluster_racks is not None else len({*racks.values(), *placed})
+        category = _OF_ADHERENCE.get(adherence_of_racks(placed, wq, min_racks, in_cluster))
+        if category is None:
+            continue
+        need = min(wq, min_racks) if category is Category.PLACEMENT_FAIL else min(wq, in_cluster)
+        found.append(
+            Violation(
+                category,
+                index,
+                None,
+                None,
+                f"segment {index} (entries {first}..{last}) on racks {placed}: a write set of "
+                f"WQ={wq} spans {fewest_racks_per_write_set(placed, wq)} racks, fewer than "
+                f"{need} (min racks {min_racks}, {in_cluster} racks in the cluster)",
+            )
+        )
+    return found
+
+
+def _entries(entries: Iterable[int]) -> str:
+    shown = list(itertools.islice(entries, SHOWN_ENTRIES + 1))
+    text = ", ".join(str(entry) for entry in shown[:SHOWN_ENTRIES])
+    return f"entries {text}, ..." if len(shown) > SHOWN_ENTRIES else f"entries {text}"
+
+
+# -- many ledgers at once ----------------------------------------------------------------------
+#
+# A cluster audit meets millions of ledgers, nearly all healthy; building metadata and
+# availability objects for each costs hundreds of microseconds. `clean_ledgers` proves a
+# ledger clean with array arithmetic over a whole batch instead, straight from the encoded
+# reports: each report's groups must be valid, lie inside one stretch of entries that the
+# bookie holds at one ensemble position, follow that position's round-robin pattern, and add
+# up to the stretch's closed-form count. A report that holds a subset of what is owed with
+# as many entries holds exactly what is owed. Whatever the arrays cannot prove (entries past
+# the end, groups that cross a change of position, a period that is not a multiple of E,
+# metadata that is not valid) is left to `audit_ledger`.
+
+BoolArray = npt.NDArray[np.bool_]
+Int64Array = npt.NDArray[np.int64]
+
+_GROUP_DTYPE = np.dtype([("first", ">i8"), ("last", ">i8"), ("size", ">i4"), ("period", ">i4")])
+_LARGEST_END = 1 << 62
+"""Ledgers ending later are left to `audit_ledger`, so that no count overflows an int64."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerColumns:
+    """A batch of closed, non-empty ledgers as columns, bookies as integer codes.
+
+    Segments of a ledger are consecutive and in order; `ensemble_offsets` (one more than the
+    segments, from 0) cut `ensemble_bookies` into their ensembles. The reports are the
+    encoded availabilities of bookies that responded, and only of those (a responding bookie
+    with no report holds nothing), cut by `report_offsets` (from 0) out of `report_data`.
+    Per bookie code: `responded`, `valid_id` (a bookie id metadata accepts) and `rack` (a
+    rack code).
+    """
+
+    ensemble_size: Int64Array
+    write_quorum: Int64Array
+    ack_quorum: Int64Array
+    last_entry_id: Int64Array
+    segment_ledger: Int64Array
+    segment_first: Int64Array
+    ensemble_offsets: Int64Array
+    ensemble_bookies: Int64Array
+    report_ledger: Int64Array
+    report_bookie: Int64Array
+    report_offsets: Int64Array
+    report_data: npt.NDArray[np.uint8]
+    responded: BoolArray
+    valid_id: BoolArray
+    rack: Int64Array
+
+
+def clean_ledgers(columns: LedgerColumns, *, min_racks: int, cluster_racks: int) -> BoolArray:
+    """Per ledger: True only if `audit_ledger` (not marked under-replicated, with the same
+    min racks and cluster racks) finds nothing but its bookies that did not respond, which
+    `potentially_faulty` then reports as it would. False means "look closer"."""
+    if min_racks < 1 or cluster_racks < 1:
+        raise BadRequest(f"min racks {min_racks} and cluster racks {cluster_racks} must be >= 1")
+    c = columns
+    ok = (
+        (c.ensemble_size >= c.write_quorum)
+        & (c.write_quorum >= c.ack_quorum)
+        & (c.ack_quorum >= 1)
+        & (c.ensemble_size <= MAX_ENSEMBLE_SIZE)
+        & (c.last_entry_id >= 0)
+        & (c.last_entry_id < _LARGEST_END)
+    )
+    segments = _Segments.of(c, ok)
+    stretches = _Stretches.of(c, segments, ok)
+    _check_reports(c, stretches, ok)
+    _check_placement(c, segments, ok, min_racks, cluster_racks)
+    return ok
+
+
+@dataclass(frozen=True, slots=True)
+class _Segments:
+    first: Int64Array
+    last: Int64Array
+    member_segment: Int64Array
+    """Per member (a bookie at a position of a segment), its segment."""
+    position: Int64Array
+
+    @classmethod
+    def of(cls, c: LedgerColumns, ok: BoolArray) -> _Segments:
+        """Segment bounds; clears `ok` for ledgers whose segments make no valid metadata."""
+        ledger, first = c.segment_ledger, c.segment_first
+        count = first.size
+        after = np.zeros(count, dtype=np.bool_)
+        after[:-1] = ledger[1:] == ledger[:-1]
+        before = np.zeros(count, dtype=np.bool_)
+        before[1:] = after[:-1]
+        following = np.empty(count, dtype=np.int64)
+        following[:-1] = first[1:]
+        following[-1:] = 0
+        last = np.where(after, following - 1, c.last_entry_id[ledger])
+        preceding = np.empty(count, dtype=np.int64)
+        preceding[1:] = first[:-1]
+        preceding[:1] = 0
+        sizes = np.diff(c.ensemble_offsets)
+        wrong = (
+            (sizes != c.ensemble_size[ledger])
+            | np.where(before, first <= preceding, first != 0)
+            | (~after & (first > c.last_entry_id[ledger] + 1))
+        )
+        has_segments = np.zeros(ok.size, dtype=np.bool_)
+        has_segments[ledger] = True
+        ok &= has_segments
+        ok[ledger[wrong]] = False
+        member_segment = np.repeat(np.arange(count, dtype=np.int64), sizes)
+        position = np.arange(member_segment.size, dtype=np.int64) - np.repeat(
+            c.ensemble_offsets[:-1], sizes
+        )
+        bookies, member_ledger = c.ensemble_bookies, ledger[member_segment]
+        ok[member_ledger[~c.valid_id[bookies]]] = False
+        order = np.lexsort((bookies, member_segment))
+        twice = (member_segment[order][1:] == member_segment[order][:-1]) & (
+            bookies[order][1:] == bookies[order][:-1]
+        )
+        ok[member_ledger[order][1:][twice]] = False
+        return cls(first, last, member_segment, position)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stretches:
+    """Maximal runs of consecutive segments where a responding bookie holds one position, per
+    ledger; and per (ledger, bookie) pair, the entries the schedule puts on it."""
+
+    ledger: Int64Array
+    bookie: Int64Array
+    low: Int64Array
+    high: Int64Array
+    position: Int64Array
+    pair_key: Int64Array
+    """Sorted, unique (ledger, bookie) keys of `pair_owed`."""
+    pair_owed: Int64Array
+
+    @classmethod
+    def of(cls, c: LedgerColumns, s: _Segments, ok: BoolArray) -> _Stretches:
+        holding = np.flatnonzero(
+            (s.last >= s.first)[s.member_segment]
+            & ok[c.segment_ledger[s.member_segment]]
+            & c.responded[c.ensemble_bookies]
+        )
+        segment = s.member_segment[holding]
+        ledger, bookie = c.segment_ledger[segment], c.ensemble_bookies[holding]
+        low, high, position = s.first[segment], s.last[segment], s.position[holding]
+        order = np.lexsort((low, bookie, ledger))
+        ledger, bookie, low, high, position = (
+            ledger[order],
+            bookie[order],
+            low[order],
+            high[order],
+            position[order],
+        )
+        new_pair = np.ones(ledger.size, dtype=np.bool_)
+        new_pair[1:] = (ledger[1:] != ledger[:-1]) | (bookie[1:] != bookie[:-1])
+        new = new_pair.copy()
+        new[1:] |= (position[1:] != position[:-1]) | (low[1:] != high[:-1] + 1)
+        starts = np.flatnonzero(new)
+        ends = np.append(starts[1:], ledger.size)[: starts.size] - 1
+        ledger, bookie, position = ledger[starts], bookie[starts], position[starts]
+        low, high = low[starts], high[ends]
+        e, wq = c.ensemble_size[ledger], c.write_quorum[ledger]
+        owed = _scheduled_below(high + 1, position, e, wq) - _scheduled_below(low, position, e, wq)
+        pair_starts = np.flatnonzero(new_pair[starts])
+        pair_owed = np.add.reduceat(owed, pair_starts) if owed.size else np.empty(0, dtype=np.int64)
+        pair_key = _pair_key(ledger[pair_starts], bookie[pair_starts], c.responded.size)
+        return cls(ledger, bookie, low, high, position, pair_key, pair_owed)
+
+
+def _pair_key(ledger: Int64Array, bookie: Int64Array, bookies: int) -> Int64Array:
+    return ledger * max(bookies, 1) + bookie
+
+
+def _scheduled_below(
+    stop: Int64Array, position: Int64Array, e: Int64Array, wq: Int64Array
+) -> Int64Array:
+    """Entries below `stop` that the schedule puts on `position`: WQ per cycle of E, plus
+    those of the cyclic window [position - WQ + 1, position] below stop mod E."""
+    cycles, rest = np.divmod(stop, e)
+    low = position - wq + 1
+    reached = np.minimum(position + 1, rest)
+    partial = np.where(
+        low >= 0, np.maximum(0, reached - low), reached + np.maximum(0, rest - (e + low))
+    )
+    result: Int64Array = cycles * wq + partial
+    return result
+
+
+def _check_reports(c: LedgerColumns, t: _Stretches, ok: BoolArray) -> None:
+    """Clear `ok` for ledgers with a report that is not exactly what its bookie is owed, and
+    for those where a bookie owed entries has no report."""
+    reports = c.report_ledger.size
+    starts, lengths = c.report_offsets[:-1], np.diff(c.report_offsets)
+    body = lengths - HEADER_SIZE
+    sound = (body >= 0) & (body % GROUP_SIZE == 0)
+    counts = np.where(sound, body // GROUP_SIZE, 0)
+    headed = np.flatnonzero(sound)
+    header = c.report_data[starts[headed, None] + np.arange(HEADER_SIZE)]
+    version = header[:, 0:4].copy().view(">i4").ravel()
+    declared = header[:, 4:8].copy().view(">i4").ravel()
+    sound[headed] = (version == VERSION) & (declared == counts[headed]) & ~header[:, 8:].any(1)
+    counts = np.where(sound, counts, 0)
+
+    report = np.repeat(np.arange(reports, dtype=np.int64), counts)
+    firsts_at = np.cumsum(counts) - counts
+    index = np.arange(report.size, dtype=np.int64) - firsts_at[report]
+    at = starts[report] + HEADER_SIZE + GROUP_SIZE * index
+    groups = c.report_data[at[:, None] + np.arange(GROUP_SIZE)].copy().view(_GROUP_DTYPE).ravel()
+    first = groups["first"].astype(np.int64)
+    last = groups["last"].astype(np.int64)
+    size = groups["size"].astype(np.int64)
+    period = groups["period"].astype(np.int64)
+    stop = last + size
+    previous_stop = np.zeros(report.size, dtype=np.int64)
+    previous_stop[1:] = stop[:-1]
+    valid = (
+        (size >= 1)
+        & (first >= np.where(index == 0, 0, previous_stop))
+        & (last <= MAX_ENTRY_ID - size + 1)
+        & np.where(
+            period == 0,
+            last == first,
+            (last > first) & (period >= size) & ((last - first) % np.maximum(period, 1) == 0),
+        )
+    )
+    entries = ((last - first) // np.maximum(period, 1) + 1) * size
+
+    ledger, bookie = c.report_ledger[report], c.report_bookie[report]
+    stretch = _stretch_of(_pair_key(ledger, bookie, c.responded.size), first, t, c)
+    placed = np.zeros(report.size, dtype=np.bool_)
+    if t.ledger.size:
+        which = np.maximum(stretch, 0)
+        e, wq = c.ensemble_size[ledger], c.write_quorum[ledger]
+        behind = (t.position[which] - first) % np.maximum(e, 1)
+        placed = (
+            (stretch >= 0)
+            & (t.high[which] >= stop - 1)
+            & (
+                (wq >= e)
+                | ((period % np.maximum(e, 1) == 0) & (behind < wq) & (size <= behind + 1))
+            )
+        )
+    held = np.concatenate(([0], np.cumsum(entries)))
+    held_per_report = held[firsts_at + counts] - held[firsts_at]
+    right = sound & (np.bincount(report[~(valid & placed)], minlength=reports) == 0)
+
+    keys = _pair_key(c.report_ledger, c.report_bookie, c.responded.size)
+    owed = np.zeros(reports, dtype=np.int64)
+    if t.pair_key.size:
+        slot = np.minimum(np.searchsorted(t.pair_key, keys), t.pair_key.size - 1)
+        owed = np.where(t.pair_key[slot] == keys, t.pair_owed[slot], 0)
+    right &= held_per_report == owed
+    ok[c.report_ledger[~right]] = False
+
+    ordered = np.sort(keys)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    ok[repeated // max(c.responded.size, 1)] = False
+    reported = np.isin(t.pair_key, keys)
+    ok[(t.pair_key // max(c.responded.size, 1))[(t.pair_owed > 0) & ~reported]] = False
+
+
+def _stretch_of(keys: Int64Array, first: Int64Array, t: _Stretches, c: LedgerColumns) -> Int64Array:
+    """For each group (its pair key and first entry): the stretch of the same pair that
+    starts last at or before it, or -1."""
+    stretch_keys = _pair_key(t.ledger, t.bookie, c.responded.size)
+    count = stretch_keys.size
+    merged_keys = np.concatenate((stretch_keys, keys))
+    merged_starts = np.concatenate((t.low, first))
+    is_group = np.concatenate((np.zeros(count, np.int64), np.ones(keys.size, np.int64)))
+    order = np.lexsort((is_group, merged_starts, merged_keys))
+    # Stretches are sorted by (pair key, low), so along `order` their indexes only grow and
+    # the running maximum is the latest stretch so far.
+    latest = np.maximum.accumulate(np.where(order < count, order, -1)) if order.size else order
+    stretch = np.full(keys.size, -1, dtype=np.int64)
+    groups = order >= count
+    stretch[order[groups] - count] = latest[groups]
+    matched = stretch >= 0
+    stretch[matched] = np.where(
+        stretch_keys[stretch[matched]] == keys[matched], stretch[matched], -1
+    )
+    return stretch
+
+
+def _check_placement(
+    c: LedgerColumns, s: _Segments, ok: BoolArray, min_racks: int, cluster_racks: int
+) -> None:
+    """Clear `ok` for ledgers with a segment holding entries that is not strictly placed:
+    `adherence_of_racks`, for a whole batch of ensembles of one shape at a time."""
+    ledger = c.segment_ledger
+    judged = (s.last >= s.first) & ok[ledger]
+    e, wq = c.ensemble_size[ledger], c.write_quorum[ledger]
+    for size, quorum in set(zip(e[judged].tolist(), wq[judged].tolist(), strict=True)):
+        chosen = np.flatnonzero(judged & (e == size) & (wq == quorum))
+        racks = c.rack[c.ensemble_bookies[c.ensemble_offsets[chosen, None] + np.arange(size)]]
+        fewest = np.full(chosen.size, quorum, dtype=np.int64)
+        for start in range(size if quorum < size else 1):
+            window = racks[:, [(start + k) % size for k in range(quorum)]]
+            distinct = np.ones(chosen.size, dtype=np.int64)
+            for k in range(1, quorum):
+                distinct += (window[:, k, None] != window[:, :k]).all(axis=1)
+            fewest = np.minimum(fewest, distinct)
+        need = max(min(quorum, min_racks), min(quorum, cluster_racks))
+        ok[ledger[chosen[fewest < need]]] = False

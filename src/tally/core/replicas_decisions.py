@@ -1,0 +1,178 @@
+"""What the online replicas check decides about one ledger, beyond `check_ledger`'s verdict.
+
+BP-34 leaves a few rules to the checker itself, and they are kept here so they hold the
+same everywhere and can be tested without bookies:
+
+- A ledger already marked under-replicated is being repaired and is skipped, unless it has
+  been marked for longer than the grace period, which is a finding of its own. A grace
+  period of 0 turns that report off, as in BookKeeper.
+- Bookies are asked once per ledger, even when they serve several segments, and only those
+  of segments that hold entries (an empty trailing segment protects nothing).
+- A bookie that did not answer and is no longer registered is lost: it is counted as
+  holding nothing, so the ledger is judged by the copies on the bookies that answered.
+  Marking for a lost bookie is the bookie check's business (it honours
+  `lost_bookie_recovery_delay`), so the mark names only answering bookies that lack
+  copies. A registered bookie that did not answer is not judged at all (unknown is never
+  negative): the ledger is potentially faulty.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+
+from tally.core.availability import EntryAvailability
+from tally.core.durability import LedgerDurability, check_ledger
+from tally.core.errors import BadRequest
+from tally.core.ledger_audit import Category
+from tally.core.metadata import LedgerMetadata, LedgerState
+
+SHOWN_RANGES = 4
+"""Runs of entries a description names per bookie before it says "...": enough to look."""
+
+REPLICAS_CATEGORIES = (
+    Category.NO_REPLICA,
+    Category.BELOW_ACK_QUORUM,
+    Category.BELOW_WRITE_QUORUM,
+    Category.UNDERREPLICATED_TOO_LONG,
+    Category.UNRESPONSIVE_REGISTERED_BOOKIE,
+    Category.POTENTIALLY_FAULTY,
+    Category.MISPLACED_ENTRY,
+)
+"""The categories the replicas check counts (placement is the placement check's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicasJudgement:
+    """The replicas check's verdict on one closed ledger."""
+
+    durability: LedgerDurability
+    categories: tuple[Category, ...]
+    """What the ledger is reported for, worst first; empty when it is healthy."""
+    mark_bookies: frozenset[str]
+    """Answering bookies that lack copies: the ledger is marked naming them (none: no mark)."""
+    lost_bookies: frozenset[str]
+    """Unregistered bookies that did not answer, counted as holding nothing."""
+
+    @property
+    def unresponsive_bookies(self) -> frozenset[str]:
+        """Registered bookies that did not answer: their copies are not judged."""
+        return self.durability.unresponsive_bookies
+
+
+def checkable(metadata: LedgerMetadata) -> bool:
+    """Whether the replicas check judges this ledger: closed, with entries (BP-34)."""
+    return metadata.state is LedgerState.CLOSED and metadata.last_entry_id >= 0
+
+
+def bookies_to_ask(metadata: LedgerMetadata) -> frozenset[str]:
+    """Every bookie of a segment that holds entries, each once."""
+    return frozenset(
+        bookie
+        for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True)
+        if last is not None and last >= first
+        for bookie in segment.ensemble
+    )
+
+
+def marked_too_long(first_marked_ms: int, now_ms: int, grace_period_ms: int) -> bool:
+    """Whether a ledger marked at `first_marked_ms` is overdue; a grace period of 0: never."""
+    if grace_period_ms < 0:
+        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
+    return grace_period_ms > 0 and now_ms - first_marked_ms > grace_period_ms
+
+
+def judge_ledger(
+    metadata: LedgerMetadata,
+    answers: Mapping[str, EntryAvailability],
+    lost: Collection[str] = (),
+) -> ReplicasJudgement:
+    """Judge a closed ledger with entries on what its bookies answered.
+
+    `answers` maps each bookie that answered to the entries it holds of the ledger (empty
+    when it has none). Of the bookies to ask that are absent from it, those in `lost` are
+    no longer registered and count as holding nothing; the others are unresponsive.
+    """
+    if not checkable(metadata):
+        raise BadRequest(
+            f"the replicas check judges closed ledgers with entries; this one is "
+            f"{metadata.state.name} with last entry {metadata.last_entry_id}"
+        )
+    gone = (bookies_to_ask(metadata) - answers.keys()).intersection(lost)
+    empty = EntryAvailability.empty()
+    verdict = check_ledger(metadata, {**answers, **dict.fromkeys(gone, empty)})
+    categories: list[Category] = []
+    if verdict.category is not None:
+        categories.append(Category(verdict.category.value))
+    if any(finding.misplaced for finding in verdict.findings):
+        categories.append(Category.MISPLACED_ENTRY)
+    if verdict.potentially_faulty:
+        categories.append(Category.POTENTIALLY_FAULTY)
+    mark = frozenset(
+        finding.bookie_id
+        for finding in verdict.findings
+        if finding.missing and finding.bookie_id in answers
+    )
+    return ReplicasJudgement(verdict, tuple(categories), mark, frozenset(gone))
+
+
+def describe(metadata: LedgerMetadata, judgement: ReplicasJudgement) -> str:
+    """Everything an operator needs to understand a judgement, on one line."""
+    e, wq, aq = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+    verdict = judgement.durability
+    bounds = metadata.segment_bounds()
+    parts = [
+        f"E={e} WQ={wq} AQ={aq}, entries 0..{metadata.last_entry_id}, "
+        f"fewest copies {verdict.fewest_copies} of {wq}"
+    ]
+    for finding in verdict.findings:
+        first, last = bounds[finding.segment_index]
+        where = (
+            f"segment {finding.segment_index} (entries {first}..{last}) bookie "
+            f"{finding.bookie_id} (position {finding.position}"
+            f"{', lost' if finding.bookie_id in judgement.lost_bookies else ''})"
+        )
+        if finding.missing:
+            parts.append(f"{where} lacks {len(finding.missing)}: {entry_ranges(finding.missing)}")
+        if finding.misplaced:
+            parts.append(
+                f"{where} holds {len(finding.misplaced)} outside its write sets: "
+                f"{entry_ranges(finding.misplaced)}"
+            )
+    if judgement.lost_bookies:
+        parts.append(
+            f"unregistered bookies {sorted(judgement.lost_bookies)} did not answer: counted as "
+            "holding nothing, their marking left to the bookie check"
+        )
+    if judgement.unresponsive_bookies:
+        parts.append(
+            f"registered bookies {sorted(judgement.unresponsive_bookies)} did not answer: "
+            "their copies are not judged"
+        )
+    return "; ".join(parts)
+
+
+def entry_ranges(entries: EntryAvailability, shown: int = SHOWN_RANGES) -> str:
+    """The first `shown` runs of `entries` as "first..last" (or one id), then "..." if more."""
+    runs = list(itertools.islice(_runs(entries), shown + 1))
+    text = ", ".join(
+        str(start) if start == last else f"{start}..{last}" for start, last in runs[:shown]
+    )
+    return f"{text}, ..." if len(runs) > shown else text
+
+
+def _runs(entries: EntryAvailability) -> Iterator[tuple[int, int]]:
+    """(first, last) of each maximal run of consecutive entries, in order (the encoding cuts
+    runs longer than an int32 into touching pieces, which are joined again here)."""
+    pending: tuple[int, int] | None = None
+    for first, last, size, period in entries.groups:
+        for start in range(first, last + 1, period or 1):
+            if pending is not None and start == pending[1] + 1:
+                pending = (pending[0], start + size - 1)
+                continue
+            if pending is not None:
+                yield pending
+            pending = (start, start + size - 1)
+    if pending is not None:
+        yield pending

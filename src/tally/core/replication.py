@@ -1,0 +1,345 @@
+"""Re-replication of one ledger, decided without I/O: what to copy where, and how often to try.
+
+A replication worker holds a ledger's lock, reads its metadata and asks every registered
+bookie of it for its availability; `plan_replication` turns that into a plan. Per segment
+that holds entries and per ensemble position:
+
+- the bookie is lost (not registered, and named by the mark, or the mark names nobody):
+  REPLACE it; a new bookie, which the placement policy picks, gets every entry of the
+  position's write sets, and the segment's ensemble is changed once the copies are in;
+- the bookie is registered and its availability lacks entries of its write sets: FILL them,
+  copied back to the same bookie, with no metadata change;
+- otherwise nothing.
+
+A bookie that is not registered but not named by the mark is not yet declared lost (the
+auditor waits `lost_bookie_recovery_delay` for it), and a registered bookie that did not
+answer cannot be judged: both leave the plan incomplete, so the mark stays, while whatever
+else is missing is still repaired. The last segment of a ledger that is not closed has no
+end yet and its writer still owns it: it is never copied, and a declared-lost bookie in it
+is reported (`recover_first`) so the worker can give the writer its grace period, then fence
+and close the ledger (issue 7, item 6).
+
+An entry is read from a bookie of its write set that holds it and written to every target
+at once (`SegmentRepair.entries`). It is lost only when every bookie of its write set is
+known not to have a readable copy: declared lost, lacking it in its availability, or
+answering NoSuchEntry or a corrupt copy. An absent bookie that is not declared lost, a
+timeout or any other error is unknown, never a loss (seed 003).
+
+Also here: the per-ledger exponential backoff, the token bucket of the copy's byte rate,
+ranges of lost entries, and re-applying replacements onto metadata that changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import itertools
+from collections.abc import Collection, Iterable, Iterator, Mapping
+
+from tally.core.availability import EntryAvailability
+from tally.core.errors import BadRequest
+from tally.core.metadata import LedgerMetadata
+from tally.core.schedule import expected_entries, write_set
+
+
+class RepairKind(enum.Enum):
+    REPLACE = "replace"
+    """The bookie is lost: a new bookie takes its position after receiving its entries."""
+    FILL = "fill"
+    """The bookie is there but lacks entries: they are copied back to it."""
+
+
+class Standing(enum.Enum):
+    """What is known of one ensemble position's bookie."""
+
+    ANSWERED = "answered"
+    """Registered, and its availability is known."""
+    SILENT = "silent"
+    """Registered, but it did not answer: it may still serve reads."""
+    LOST = "lost"
+    """Not registered, and declared lost by the mark."""
+    ABSENT = "absent"
+    """Not registered, not (yet) declared lost: it may come back."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PositionRepair:
+    position: int
+    bookie_id: str
+    """The bookie at the position now: the one replaced (REPLACE) or filled (FILL)."""
+    kind: RepairKind
+    entries: EntryAvailability
+    """The entries to copy to the position."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EntrySources:
+    """Where one entry comes from and goes to."""
+
+    entry_id: int
+    targets: tuple[PositionRepair, ...]
+    sources: tuple[str, ...]
+    """Bookies to read it from, in order: those whose availability has it, then silent ones."""
+    without_copy: tuple[str, ...]
+    """Bookies of its write set known to have no copy (targets included)."""
+    unknown: tuple[str, ...]
+    """Bookies of its write set that are absent but not declared lost."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SegmentRepair:
+    """The repairs of one segment, with what is known of each of its positions."""
+
+    index: int
+    first_entry_id: int
+    last_entry_id: int
+    ensemble: tuple[str, ...]
+    write_quorum: int
+    repairs: tuple[PositionRepair, ...]
+    """At most one per position, by position."""
+    standings: tuple[Standing, ...]
+    held: tuple[EntryAvailability | None, ...]
+    """Per position, the bookie's availability when it ANSWERED, else None."""
+
+    def entries(self) -> Iterator[EntrySources]:
+        """Every entry to copy, ascending, each once with all its targets."""
+        tagged = [zip(repair.entries, itertools.repeat(i)) for i, repair in enumerate(self.repairs)]
+        merged = heapq.merge(*tagged)
+        for entry_id, group in itertools.groupby(merged, key=lambda pair: pair[0]):
+            yield self.sources_of(entry_id, tuple(self.repairs[i] for _, i in group))
+
+    def sources_of(self, entry_id: int, targets: tuple[PositionRepair, ...]) -> EntrySources:
+        if not self.first_entry_id <= entry_id <= self.last_entry_id:
+            raise BadRequest(
+                f"entry {entry_id} is outside segment {self.index} "
+                f"({self.first_entry_id}..{self.last_entry_id})"
+            )
+        targeted = {repair.position for repair in targets}
+        holders: list[str] = []
+        silent: list[str] = []
+        without: list[str] = []
+        unknown: list[str] = []
+        for position in write_set(entry_id, len(self.ensemble), self.write_quorum):
+            bookie, standing = self.ensemble[position], self.standings[position]
+            held = self.held[position]
+            if position in targeted or standing is Standing.LOST:
+                without.append(bookie)
+            elif standing is Standing.ABSENT:
+                unknown.append(bookie)
+            elif standing is Standing.SILENT:
+                silent.append(bookie)
+            elif held is not None and entry_id in held:
+                holders.append(bookie)
+            else:
+                without.append(bookie)
+        return EntrySources(entry_id, targets, (*holders, *silent), tuple(without), tuple(unknown))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicationPlan:
+    segments: tuple[SegmentRepair, ...]
+    """Only the segments with something to copy."""
+    unjudged: frozenset[str]
+    """Bookies of segments with entries that are silent, or absent but not declared lost."""
+    recover_first: frozenset[str]
+    """Declared-lost bookies of an unclosed ledger's last segment: fence and close it first."""
+
+    @property
+    def complete(self) -> bool:
+        """Nothing to copy, nothing unknown, nothing waiting: the ledger has all WQ copies
+        of every entry in its bounded segments and no lost bookie anywhere that holds any."""
+        return not self.segments and not self.unjudged and not self.recover_first
+
+    def describe(self) -> str:
+        """One line for the logs."""
+        parts = []
+        for segment in self.segments:
+            for repair in segment.repairs:
+                parts.append(
+                    f"segment {segment.index} ({segment.first_entry_id}..{segment.last_entry_id})"
+                    f" position {repair.position}: {repair.kind.value} {repair.bookie_id}, "
+                    f"{len(repair.entries)} entries"
+                )
+        if self.unjudged:
+            parts.append(f"unjudged bookies {sorted(self.unjudged)}")
+        if self.recover_first:
+            parts.append(f"lost in the open last segment {sorted(self.recover_first)}")
+        return "; ".join(parts) or "nothing to repair"
+
+
+def plan_replication(
+    metadata: LedgerMetadata,
+    missing_bookies: Collection[str],
+    registered: Collection[str],
+    availability: Mapping[str, EntryAvailability],
+) -> ReplicationPlan:
+    """The repairs of one ledger (see the module's docstring for the rules).
+
+    `missing_bookies` is the mark's (empty: every unregistered bookie is lost);
+    `registered` the writable and read-only bookies; `availability` what each bookie that
+    answered holds of the ledger, over the whole ledger.
+    """
+    registered = frozenset(registered)
+    named = frozenset(missing_bookies)
+
+    def standing(bookie: str) -> Standing:
+        if bookie in registered:
+            return Standing.ANSWERED if bookie in availability else Standing.SILENT
+        return Standing.LOST if not named or bookie in named else Standing.ABSENT
+
+    e, wq = metadata.ensemble_size, metadata.write_quorum
+    segments: list[SegmentRepair] = []
+    unjudged: set[str] = set()
+    recover_first: frozenset[str] = frozenset()
+    for index, (segment, (first, last)) in enumerate(
+        zip(metadata.segments, metadata.segment_bounds(), strict=True)
+    ):
+        standings = tuple(standing(bookie) for bookie in segment.ensemble)
+        if last is None:
+            recover_first = frozenset(
+                bookie
+                for bookie, found in zip(segment.ensemble, standings, strict=True)
+                if found is Standing.LOST
+            )
+            continue
+        if last < first:
+            continue
+        held = tuple(availability.get(bookie) for bookie in segment.ensemble)
+        repairs: list[PositionRepair] = []
+        for position, (bookie, found) in enumerate(zip(segment.ensemble, standings, strict=True)):
+            expected = expected_entries(first, last, e, wq, position)
+            if not expected:
+                continue
+            if found in (Standing.SILENT, Standing.ABSENT):
+                unjudged.add(bookie)
+                continue
+            if found is Standing.LOST:
+                repairs.append(PositionRepair(position, bookie, RepairKind.REPLACE, expected))
+                continue
+            holding = held[position]
+            assert holding is not None
+            missing = expected.difference(holding)
+            if missing:
+                repairs.append(PositionRepair(position, bookie, RepairKind.FILL, missing))
+        if repairs:
+            segments.append(
+                SegmentRepair(
+                    index, first, last, segment.ensemble, wq, tuple(repairs), standings, held
+                )
+            )
+    return ReplicationPlan(tuple(segments), frozenset(unjudged), recover_first)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replacement:
+    """`new` takes `old`'s position in a segment, whose copies it now holds."""
+
+    segment_index: int
+    position: int
+    old: str
+    new: str
+
+
+def apply_replacements(
+    current: LedgerMetadata, planned: LedgerMetadata, replacements: Iterable[Replacement]
+) -> LedgerMetadata | None:
+    """`current` with the replacements made, if every replaced segment is still as planned
+    (same first entry, same end, `old` still at the position); None if one changed, since
+    the copies may then no longer match it. A replacement already made is kept as it is."""
+    metadata = current
+    planned_bounds, current_bounds = planned.segment_bounds(), current.segment_bounds()
+    for replacement in replacements:
+        index = replacement.segment_index
+        if index >= len(current.segments) or current_bounds[index] != planned_bounds[index]:
+            return None
+        at = metadata.segments[index].ensemble[replacement.position]
+        if at == replacement.new:
+            continue
+        if at != replacement.old or current.segments[index].ensemble != (
+            planned.segments[index].ensemble
+        ):
+            return None
+        metadata = metadata.replace_bookie(index, replacement.old, replacement.new)
+    return metadata
+
+
+def entry_ranges(entry_ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Inclusive (first, last) ranges of consecutive ids, ascending, duplicates merged."""
+    ranges: list[tuple[int, int]] = []
+    for entry_id in sorted(set(entry_ids)):
+        if ranges and entry_id == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], entry_id)
+        else:
+            ranges.append((entry_id, entry_id))
+    return tuple(ranges)
+
+
+def retry_delay(failures: int, initial: float, maximum: float) -> float:
+    """Seconds before a ledger that failed `failures` times in a row is tried again:
+    `initial`, doubling per failure, never above `maximum` (0 failures: at once)."""
+    if failures < 0 or initial <= 0 or maximum < initial:
+        raise BadRequest(
+            f"backoff needs failures >= 0 and 0 < initial <= maximum, got failures={failures} "
+            f"initial={initial} maximum={maximum}"
+        )
+    if failures == 0:
+        return 0.0
+    doublings = min(failures - 1, 64)
+    return float(min(maximum, initial * 2.0**doublings))
+
+
+class TokenBucket:
+    """A byte rate: `reserve` says how long to wait before spending `amount` bytes.
+
+    Reservations may run the bucket into debt, so an entry larger than the burst passes
+    after its share of time and concurrent copies queue behind each other in turn.
+    """
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if not rate > 0 or not burst > 0:
+            raise BadRequest(f"a token bucket needs rate > 0 and burst > 0, got {rate}, {burst}")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._updated = now
+
+    def reserve(self, amount: int, now: float) -> float:
+        if amount < 0:
+            raise BadRequest(f"cannot reserve {amount} bytes")
+        elapsed = max(0.0, now - self._updated)
+        self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
+        self._updated = max(self._updated, now)
+        self._tokens -= amount
+        return max(0.0, -self._tokens / self.rate)
+
+
+def targets_of(
+    sources: EntrySources, new_bookies: Mapping[int, str]
+) -> tuple[tuple[PositionRepair, str], ...]:
+    """Each target of the entry with the bookie it is written to: the new bookie of a
+    REPLACE position (from `new_bookies`, by position), the bookie itself for a FILL."""
+    found = []
+    for repair in sources.targets:
+        if repair.kind is RepairKind.FILL:
+            found.append((repair, repair.bookie_id))
+        elif repair.position in new_bookies:
+            found.append((repair, new_bookies[repair.position]))
+        else:
+            raise BadRequest(
+                f"position {repair.position} ({repair.bookie_id}) is to be replaced, "
+                "but no new bookie was chosen for it"
+            )
+    return tuple(found)
+
+
+def replacements_of(
+    segment: SegmentRepair, new_bookies: Mapping[int, str], failed: Collection[int]
+) -> tuple[Replacement, ...]:
+    """The replacements to commit for a segment: its REPLACE positions but `failed` ones
+    (a copy to them did not finish, so the lost bookie's place stays on record)."""
+    return tuple(
+        Replacement(segment.index, repair.position, repair.bookie_id, new_bookies[repair.position])
+        for repair in segment.repairs
+        if repair.kind is RepairKind.REPLACE and repair.position not in failed
+    )
