@@ -141,6 +141,18 @@ def test_up_kill_restart_stop_and_up_again(data_dir: Path) -> None:
         assert entry["metrics_url"] in up.output
         with urllib.request.urlopen(entry["metrics_url"], timeout=5) as answer:
             assert answer.status == 200
+    # The auto-recovery process serves the cluster's admin API, and is its auditor.
+    auto = report["autorecovery"]
+    assert auto["running"]
+    assert f"admin API {auto['api_url']}/api/v1/" in up.output
+    assert f"metrics   {auto['api_url']}/metrics" in up.output
+    who = f"{auto['api_url']}/api/v1/autorecovery/who_is_auditor"
+    with urllib.request.urlopen(who, timeout=5) as answer:
+        assert json.load(answer) == {"auditor": "local-autorecovery"}
+    with urllib.request.urlopen(f"{auto['api_url']}/api/v1/bookie/list", timeout=5) as answer:
+        assert sorted(b["bookie_id"] for b in json.load(answer)) == sorted(
+            b["bookie_id"] for b in report["bookies"]
+        )
 
     second = tally("local", "up", "--data-dir", str(data_dir))
     assert second.returncode == 1
@@ -177,8 +189,23 @@ def test_up_kill_restart_stop_and_up_again(data_dir: Path) -> None:
     assert again.returncode == 0
     assert f"already running (pid {back['pid']})" in again.stdout
 
+    # The auto-recovery process too: reported when it dies, brought back by `start`.
+    auto_pid = report["autorecovery"]["pid"]
+    os.kill(auto_pid, signal.SIGKILL)
+    up.wait_for(f"autorecovery (pid {auto_pid}) exited: killed by SIGKILL")
+    assert "tally local start autorecovery" in up.output
+    restarted = tally("local", "start", "autorecovery", "--data-dir", str(data_dir))
+    assert restarted.returncode == 0, restarted.stderr
+    assert "autorecovery is back" in restarted.stdout
+    unknown = tally("local", "start", "bookie-9", "--data-dir", str(data_dir))
+    assert unknown.returncode == 1
+    assert "no process 'bookie-9'" in unknown.stderr
+    report = status(data_dir)[1]
+    assert report["autorecovery"]["running"]
+    assert report["autorecovery"]["pid"] != auto_pid
+
     # stop, from another shell: everything goes, cleanly.
-    pids = [b["pid"] for b in report["bookies"]]
+    pids = [b["pid"] for b in report["bookies"]] + [report["autorecovery"]["pid"]]
     stopped = tally("local", "stop", "--data-dir", str(data_dir))
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped" in stopped.stdout

@@ -1,9 +1,11 @@
 """`tally demo`: a whole local cluster at work, end to end, in about a minute.
 
-It runs what a newcomer would type, for real: `tally local up` (bookie processes on a
-sqlite metadata store), ledgers written through `tally.Client`, a bookie SIGKILLed in the
-middle of the writes (the writers change their ensembles and go on), one writer abandoned
-and its ledger recovered by a second client (which fences the first), every entry read
+It runs what a newcomer would type, for real: `tally local up` (bookie processes and the
+auto-recovery process on a sqlite metadata store), ledgers written through `tally.Client`,
+a bookie SIGKILLed in the middle of the writes (the writers change their ensembles and go
+on), one writer abandoned and its ledger recovered by a second client (which fences the
+first), the auditor marking the lost bookie's ledgers and the replication worker copying
+them back to full replication, a replicas check finding nothing missing, every entry read
 back and compared byte for byte, and `tally local stop`.
 """
 
@@ -30,18 +32,24 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tally.autorecovery.config import AutoRecoveryConfig
+from tally.autorecovery.replicas_check import replicas_check
 from tally.client.client import Client
 from tally.client.writer import LedgerWriter
 from tally.core.errors import LedgerFenced, TallyError
 from tally.core.ids import LedgerId
 from tally.local.state import DataDir, LocalState
 from tally.local.status import WRITABLE, read_status
+from tally.metadata.ledger_manager import LedgerRecord
 
 LEDGERS = 4
 ENTRIES = 1500
 PASSWORD = b"demo"
 WINDOW = 200
 START_TIMEOUT = 90.0
+REREPLICATION_TIMEOUT = 90.0
+"""Seconds for auto-recovery to repair every ledger: the lost bookie's session must lapse
+(10 s by default) before the auditor sees it gone."""
 
 
 def payload(ledger: LedgerId, entry_id: int) -> bytes:
@@ -167,7 +175,8 @@ async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
             except LedgerFenced as error:
                 console.print(f"  the old writer's next append: [yellow]LedgerFenced[/] ({error})")
                 fenced = True
-            return fenced and await _verify(console, second, writers, acked)
+            repaired = await _watch_rereplication(console, second, writers, victim)
+            return fenced and repaired and await _verify(console, second, writers, acked)
 
 
 def _progress(console: Console) -> Progress:
@@ -221,13 +230,68 @@ def _kill_bookie(state: LocalState, bookie_id: str) -> None:
     raise TallyError(f"bookie {bookie_id} is not a running bookie of the local cluster")
 
 
-def _show_ensembles(console: Console, writers: list[LedgerWriter], victim: str) -> None:
-    table = Table("ledger", "segment from entry", "ensemble", title="Ensemble changes")
-    for writer in writers:
-        for segment in writer.metadata.metadata.segments:
+def _show_ensembles(
+    console: Console,
+    writers: list[LedgerWriter],
+    victim: str,
+    title: str = "Ensemble changes",
+    records: list[LedgerRecord] | None = None,
+) -> None:
+    table = Table("ledger", "segment from entry", "ensemble", title=title)
+    for record in records or [writer.metadata for writer in writers]:
+        for segment in record.metadata.segments:
             members = [f"[red strike]{b}[/]" if b == victim else b for b in segment.ensemble]
-            table.add_row(str(writer.ledger_id), f"{segment.first_entry_id:,}", "  ".join(members))
+            table.add_row(str(record.ledger_id), f"{segment.first_entry_id:,}", "  ".join(members))
     console.print(table)
+
+
+async def _watch_rereplication(
+    console: Console, client: Client, writers: list[LedgerWriter], victim: str
+) -> bool:
+    """Follow auto-recovery until no ledger names the lost bookie and none is marked; then
+    run a replicas check, which must find every entry on all its WQ bookies."""
+    context = client.context
+    ledgers = [writer.ledger_id for writer in writers]
+    console.print(
+        f"\n[bold]Auto-recovery[/]: once {victim}'s session lapses, the auditor marks its "
+        "ledgers under-replicated and the replication worker copies their entries elsewhere"
+    )
+
+    async def read_all() -> list[LedgerRecord]:
+        return list(
+            await asyncio.gather(*(context.ledgers.read_ledger_metadata(x) for x in ledgers))
+        )
+
+    damaged = [r.ledger_id for r in await read_all() if victim in r.metadata.bookies()]
+    seen_marks = False
+    deadline = time.monotonic() + REREPLICATION_TIMEOUT
+    with _progress(console) as progress:
+        task = progress.add_task("ledgers back to full replication", total=len(damaged))
+        while True:
+            found = await read_all()
+            left = [r for r in found if victim in r.metadata.bookies()]
+            marks = [m async for m in context.under_replication.list_under_replicated()]
+            if marks and not seen_marks:
+                seen_marks = True
+                names = ", ".join(str(m.ledger_id) for m in marks)
+                progress.console.print(
+                    f"  the auditor marked ledger(s) {names} under-replicated "
+                    f"(missing: {', '.join(sorted({b for m in marks for b in m.missing_bookies}))})"
+                )
+            progress.update(task, completed=len(damaged) - len(left))
+            if not left and not marks:
+                break
+            if time.monotonic() > deadline:
+                console.print(f"[bold red]not repaired within {REREPLICATION_TIMEOUT:.0f} s[/]")
+                return False
+            await asyncio.sleep(0.5)
+    _show_ensembles(console, writers, victim, "After re-replication", found)
+    report = await replicas_check(context, AutoRecoveryConfig(metadata=client.metadata_uri))
+    table = Table("finding", "ledgers", title=f"Replicas check of {report.ledgers_checked} ledgers")
+    for name, count in report.counts.items():
+        table.add_row(name, f"[green]{count}[/]" if count == 0 else f"[red]{count}[/]")
+    console.print(table)
+    return all(count == 0 for count in report.counts.values())
 
 
 async def _verify(

@@ -1,4 +1,4 @@
-"""`tally local up | status | stop | start-bookie`: a whole cluster on this machine."""
+"""`tally local up | status | stop | start-bookie | start`: a whole cluster on this machine."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from tally.core.errors import TallyError
-from tally.local.control import start_bookie, stop_cluster
-from tally.local.processes import signal_name
+from tally.local.control import Started, start_bookie, start_process, stop_cluster
+from tally.local.processes import describe_exit, signal_name
+from tally.local.services import AUTORECOVERY
 from tally.local.state import DataDir, LocalState
 from tally.local.status import BookieStatus, read_status
 from tally.local.supervisor import DEFAULT_BOOKIES, DEFAULT_RACKS, Supervisor
@@ -87,6 +88,14 @@ def _print_summary(data_dir: DataDir, state: LocalState, init: InitResult) -> No
         )
         _out.print(f"            metrics {slot.metrics_url}")
         _out.print(f"            log     {escape(str(slot.log))}")
+    auto = state.processes.get(AUTORECOVERY)
+    _out.print(
+        f"  [bold]{AUTORECOVERY}[/]  auditor candidate + replication worker"
+        + ("" if auto is None else f"  pid {auto.pid}")
+    )
+    if state.api_url is not None:
+        _out.print(f"            admin API {state.api_url}/api/v1/  (OpenAPI: /openapi.json)")
+        _out.print(f"            metrics   {state.api_url}/metrics")
     where = escape(str(data_dir.root))
     _out.print(f"status: tally local status --data-dir {where}")
     _out.print(f"stop:   Ctrl-C here, or tally local stop --data-dir {where}")
@@ -122,6 +131,14 @@ def status(
                 bookie.slot.rack,
             )
         _out.print(table)
+        auto = found.autorecovery
+        state = "running" if found.autorecovery_running else "down"
+        if auto is None:
+            state = "never started"
+        elif not found.autorecovery_running and auto.exit_code is not None:
+            state = f"down ({describe_exit(auto.exit_code)})"
+        pid = "" if auto is None else f", pid {auto.pid}"
+        _out.print(f"autorecovery: {state}{pid}; admin API {found.api_url or '-'}")
     if not found.supervisor_running:
         raise typer.Exit(1)
 
@@ -158,6 +175,23 @@ def start_bookie_command(
         started = start_bookie(DataDir.at(data_dir), index)
     except TallyError as error:
         raise _fail(error) from None
+    _say_started(started)
+
+
+@app.command("start")
+def start_command(
+    name: Annotated[str, typer.Argument(help="The process: autorecovery, or bookie-N.")],
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Start one process of the cluster again; returns once it serves."""
+    try:
+        started = start_process(DataDir.at(data_dir), name)
+    except TallyError as error:
+        raise _fail(error) from None
+    _say_started(started)
+
+
+def _say_started(started: Started) -> None:
     if started.already:
         _say(f"{started.name} is already running (pid {started.run.pid})")
     else:

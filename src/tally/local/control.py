@@ -1,6 +1,6 @@
-"""`tally local stop | start-bookie`: act on a running local cluster from another shell.
+"""`tally local stop | start-bookie | start`: act on a running local cluster from another shell.
 
-Both go through `local.json`. `stop` signals the supervisor, which stops its children in
+All go through `local.json`. `stop` signals the supervisor, which stops its children in
 order; only when the supervisor is gone (SIGKILLed, say) does it stop the survivors itself.
 `start-bookie` leaves a start request for the supervisor rather than starting the bookie
 itself, so the bookie is the supervisor's child like the others (see `supervisor`).
@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from tally.core.errors import BookieUnavailable, IllegalOperation, Timeout
+from tally.core.errors import BadRequest, BookieUnavailable, IllegalOperation, Timeout
 from tally.local.processes import describe_exit, log_tail, terminate_group, wait_gone
 from tally.local.services import services
 from tally.local.state import DataDir, LocalState, ProcessRecord
@@ -71,19 +71,27 @@ class Started:
 
 
 def start_bookie(data_dir: DataDir, index: int) -> Started:
-    """Have the supervisor start bookie `index` again; returns once it serves.
+    """Have the supervisor start bookie `index` again; see `start_process`."""
+    return start_process(data_dir, data_dir.require().slot(index).name)
 
-    IllegalOperation when the cluster does not run; BookieUnavailable (with the end of its
-    log) when the bookie exits while starting; Timeout when it does not serve in time.
+
+def start_process(data_dir: DataDir, name: str) -> Started:
+    """Have the supervisor start process `name` again; returns once it serves.
+
+    IllegalOperation when the cluster does not run; BadRequest for a name the cluster has
+    no process of; BookieUnavailable (with the end of its log) when the process exits
+    while starting; Timeout when it does not serve in time.
     """
     root = data_dir.root
     with data_dir.locked():
         state = data_dir.require()
-        name = state.slot(index).name
+        known = services(state, root)
+        if name not in known:
+            raise BadRequest(f"the local cluster has no process {name!r}: {', '.join(known)}")
         if not state.supervisor_running():
             raise IllegalOperation(
                 f"the local cluster in {root} is not running: "
-                f"`tally local up --data-dir {root}` starts it with all its bookies"
+                f"`tally local up --data-dir {root}` starts it with all its processes"
             )
         running = state.running(name)
         if running is not None:
@@ -91,15 +99,16 @@ def start_bookie(data_dir: DataDir, index: int) -> Started:
         before = state.processes.get(name)
         data_dir.write(dataclasses.replace(state, start_requests=state.start_requests | {name}))
 
+    service = known[name]
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
         state = data_dir.require()
         run = state.processes.get(name)
         if run is not None and run != before:  # the supervisor started it
-            if services(state, root)[name].is_ready(run):
+            if service.is_ready(run):
                 return Started(name, run, already=False)
             if run.exit_code is not None:
-                tail = "\n".join(log_tail(state.slot(index).log, LOG_TAIL_LINES, run.log_offset))
+                tail = "\n".join(log_tail(service.log, LOG_TAIL_LINES, run.log_offset))
                 raise BookieUnavailable(
                     f"{name} exited while starting ({describe_exit(run.exit_code)}):\n{tail}"
                 )
@@ -108,6 +117,5 @@ def start_bookie(data_dir: DataDir, index: int) -> Started:
         if not state.supervisor_running():
             raise IllegalOperation(f"the supervisor of {root} stopped while starting {name}")
         if time.monotonic() > deadline:
-            log = state.slot(index).log
-            raise Timeout(f"{name} did not serve within {READY_TIMEOUT:.0f}s: see {log}")
+            raise Timeout(f"{name} did not serve within {READY_TIMEOUT:.0f}s: see {service.log}")
         time.sleep(REQUEST_POLL)

@@ -57,6 +57,27 @@ def bookie_service(state: LocalState, slot: BookieSlot, data_dir: Path) -> Servi
     )
 
 
+AUTORECOVERY = "autorecovery"
+AUTORECOVERY_ID = "local-autorecovery"
+
+
+def autorecovery_service(state: LocalState, data_dir: Path) -> Service:
+    """The auditor and replication worker, whose admin HTTP app is the cluster's API."""
+    argv = tally_command("autorecovery", "--metadata", state.metadata, "--id", AUTORECOVERY_ID)
+    if state.autorecovery_port is not None:
+        argv += ("--http-port", str(state.autorecovery_port))
+    return Service(
+        name=AUTORECOVERY,
+        argv=argv,
+        log=data_dir / "logs" / f"{AUTORECOVERY}.log",
+        ready_text=f"autorecovery {AUTORECOVERY_ID} ready",
+        restart_hint=f"tally local start {AUTORECOVERY} --data-dir {data_dir}",
+    )
+
+
 def services(state: LocalState, data_dir: Path) -> dict[str, Service]:
-    """Every process of the local cluster by name, in start order."""
-    return {slot.name: bookie_service(state, slot, data_dir) for slot in state.bookies}
+    """Every process of the local cluster by name, in start order: the bookies first, so
+    the auditor's first look finds them all registered."""
+    found = {slot.name: bookie_service(state, slot, data_dir) for slot in state.bookies}
+    found[AUTORECOVERY] = autorecovery_service(state, data_dir)
+    return found

@@ -129,6 +129,15 @@ class LocalState:
     """The last run of each process by name ("bookie-2"), running or ended."""
     start_requests: frozenset[str] = frozenset()
     """Processes `start-bookie` asked the supervisor to start."""
+    autorecovery_port: int | None = None
+    """The auto-recovery process's admin HTTP port: the cluster's API and /metrics; None in
+    a `local.json` written before auto-recovery existed (`up` then picks one)."""
+
+    @property
+    def api_url(self) -> str | None:
+        if self.autorecovery_port is None:
+            return None
+        return f"http://{HOST}:{self.autorecovery_port}"
 
     @property
     def racks(self) -> int:
@@ -161,6 +170,7 @@ class LocalState:
             "bookies": [slot.to_json() for slot in self.bookies],
             "processes": {name: p.to_json() for name, p in sorted(self.processes.items())},
             "start_requests": sorted(self.start_requests),
+            "autorecovery_port": self.autorecovery_port,
         }
 
     @classmethod
@@ -189,6 +199,9 @@ class LocalState:
                 for name, item in _field(parsed, "processes", dict, source).items()
             },
             start_requests=frozenset(top.texts("start_requests")),
+            autorecovery_port=top.optional_integer("autorecovery_port", low=1)
+            if "autorecovery_port" in parsed
+            else None,
         )
 
 

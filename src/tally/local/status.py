@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tally.local.services import AUTORECOVERY
 from tally.local.state import META_DB, BookieSlot, DataDir, ProcessRecord
 from tally.metadata.bookie_registry import AvailableBookies, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import read_cluster
@@ -53,6 +54,11 @@ class LocalStatus:
     supervisor_pid: int | None
     supervisor_running: bool
     bookies: tuple[BookieStatus, ...]
+    autorecovery: ProcessRecord | None
+    """The auto-recovery process's last run, if it ever ran."""
+    autorecovery_running: bool
+    api_url: str | None
+    """The admin HTTP API and /metrics of the auto-recovery process."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +67,12 @@ class LocalStatus:
             "instance_id": self.instance_id,
             "supervisor": {"pid": self.supervisor_pid, "running": self.supervisor_running},
             "bookies": [bookie.to_json() for bookie in self.bookies],
+            "autorecovery": {
+                "pid": None if self.autorecovery is None else self.autorecovery.pid,
+                "running": self.autorecovery_running,
+                "exit_code": None if self.autorecovery is None else self.autorecovery.exit_code,
+                "api_url": self.api_url,
+            },
         }
 
 
@@ -87,6 +99,9 @@ def read_status(data_dir: DataDir) -> LocalStatus:
             )
             for slot in state.bookies
         ),
+        autorecovery=state.processes.get(AUTORECOVERY),
+        autorecovery_running=state.running(AUTORECOVERY) is not None,
+        api_url=state.api_url,
     )
 
 

@@ -25,7 +25,13 @@ from types import FrameType
 from typing import Protocol
 
 from tally.core.errors import BadRequest, IllegalOperation
-from tally.local.processes import describe_exit, log_tail, signal_group, signal_name
+from tally.local.processes import (
+    describe_exit,
+    free_ports,
+    log_tail,
+    signal_group,
+    signal_name,
+)
 from tally.local.services import Service, services
 from tally.local.state import DataDir, LocalState, ProcessRecord, plan_bookies
 from tally.metadata.cluster import InitResult, init_cluster
@@ -136,7 +142,10 @@ class Supervisor:
                         f"died: stop them with `tally local stop --data-dir {root}` first"
                     )
             state = dataclasses.replace(
-                state, supervisor=ProcessRecord.of(os.getpid()), start_requests=frozenset()
+                state,
+                supervisor=ProcessRecord.of(os.getpid()),
+                start_requests=frozenset(),
+                autorecovery_port=state.autorecovery_port or free_ports(1)[0],
             )
             self.data_dir.write(state)
         return state
