@@ -12,24 +12,7 @@ from tally.core.durability import DurabilityCategory, check_ledger
 from tally.core.errors import BadRequest
 from tally.core.metadata import LedgerMetadata
 from tally.core.schedule import expected_entries, write_set
-
-BOOKIES = [f"b{i}" for i in range(8)]
-
-
-def _ledger(e: int, wq: int, aq: int, changes: list[int], last: int) -> LedgerMetadata:
-    metadata = LedgerMetadata.create(
-        ensemble=tuple(BOOKIES[:e]),
-        write_quorum=wq,
-        ack_quorum=aq,
-        digest_type=DigestType.CRC32C,
-        password=b"pw",
-        ctime_ms=0,
-        creator_token=b"t",
-    )
-    for shift, first in enumerate(sorted(set(changes)), start=1):
-        ensemble = tuple(BOOKIES[(i + shift) % len(BOOKIES)] for i in range(e))
-        metadata = metadata.with_ensemble_change(first, ensemble)
-    return metadata.close(last, last + 1)
+from tests.support.ledgers import rotating_ledger
 
 
 def _held_by_schedule(metadata: LedgerMetadata) -> dict[str, set[int]]:
@@ -67,7 +50,7 @@ def damaged_ledgers(draw: st.DrawFn) -> tuple[LedgerMetadata, dict[str, set[int]
     aq = draw(st.integers(1, wq))
     last = draw(st.integers(0, 60))
     changes = draw(st.lists(st.integers(1, last + 1), max_size=3))
-    metadata = _ledger(e, wq, aq, changes, last)
+    metadata = rotating_ledger(e, wq, aq, changes, last)
     held = _held_by_schedule(metadata)
     for bookie in list(held):
         lost = draw(st.sets(st.integers(0, last), max_size=6))
@@ -115,7 +98,7 @@ def test_findings_name_exactly_the_missing_copies(
 
 
 def test_healthy_ledger_has_no_findings() -> None:
-    metadata = _ledger(5, 3, 2, [400], 999)
+    metadata = rotating_ledger(5, 3, 2, [400], 999)
     held = _held_by_schedule(metadata)
     verdict = check_ledger(metadata, _availability(metadata, held))
     assert verdict.category is None
@@ -124,7 +107,7 @@ def test_healthy_ledger_has_no_findings() -> None:
 
 
 def test_a_lost_bookie_leaves_its_entries_below_write_quorum() -> None:
-    metadata = _ledger(3, 2, 2, [], 99)
+    metadata = rotating_ledger(3, 2, 2, [], 99)
     held = _held_by_schedule(metadata)
     held["b1"] = set()
     verdict = check_ledger(metadata, _availability(metadata, held))
@@ -134,7 +117,7 @@ def test_a_lost_bookie_leaves_its_entries_below_write_quorum() -> None:
 
 
 def test_entry_lost_everywhere_is_no_replica() -> None:
-    metadata = _ledger(3, 3, 2, [], 9)
+    metadata = rotating_ledger(3, 3, 2, [], 9)
     held = {b: s - {4} for b, s in _held_by_schedule(metadata).items()}
     verdict = check_ledger(metadata, _availability(metadata, held))
     assert verdict.category is DurabilityCategory.NO_REPLICA
@@ -142,7 +125,7 @@ def test_entry_lost_everywhere_is_no_replica() -> None:
 
 
 def test_misplaced_entries_are_reported_but_do_not_count_as_copies() -> None:
-    metadata = _ledger(4, 2, 2, [], 19)
+    metadata = rotating_ledger(4, 2, 2, [], 19)
     held = _held_by_schedule(metadata)
     # Entry 0 goes to positions 0 and 1; put it on b2 instead of b1.
     held["b1"].discard(0)
@@ -154,7 +137,7 @@ def test_misplaced_entries_are_reported_but_do_not_count_as_copies() -> None:
 
 
 def test_entries_past_the_end_are_not_reported() -> None:
-    metadata = _ledger(3, 2, 2, [], 9)
+    metadata = rotating_ledger(3, 2, 2, [], 9)
     held = _held_by_schedule(metadata)
     held["b0"] |= {10, 11, 12}
     verdict = check_ledger(metadata, _availability(metadata, held))
@@ -162,7 +145,7 @@ def test_entries_past_the_end_are_not_reported() -> None:
 
 
 def test_unresponsive_bookie_is_not_judged() -> None:
-    metadata = _ledger(3, 3, 2, [], 29)
+    metadata = rotating_ledger(3, 3, 2, [], 29)
     held = _held_by_schedule(metadata)
     availability = _availability(metadata, held)
     del availability["b2"]
@@ -173,7 +156,7 @@ def test_unresponsive_bookie_is_not_judged() -> None:
 
 
 def test_ten_million_entry_ledger_is_checked_by_group_arithmetic() -> None:
-    metadata = _ledger(5, 3, 2, [6_000_000], 9_999_999)
+    metadata = rotating_ledger(5, 3, 2, [6_000_000], 9_999_999)
     expected = _expected_by_closed_form(metadata)
     # One bookie lost one entry in the middle of its second segment.
     damaged = expected["b1"].difference(EntryAvailability.from_entries([7_000_000]))

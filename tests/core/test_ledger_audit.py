@@ -29,6 +29,7 @@ from tally.core.placement import (
     rack_of,
 )
 from tally.core.schedule import write_set
+from tests.support.ledgers import held_by_schedule
 
 BOOKIES = [f"b{i}" for i in range(8)]
 RACKS = {bookie: f"/r{i % 3}" for i, bookie in enumerate(BOOKIES)}
@@ -49,16 +50,6 @@ def _ledger(wq: int, aq: int, ensembles: list[tuple[str, ...]], firsts: list[int
         last_entry_id=last,
         length=last + 1,
     )
-
-
-def _held_by_schedule(metadata: LedgerMetadata) -> dict[str, set[int]]:
-    held: dict[str, set[int]] = {bookie: set() for bookie in metadata.bookies()}
-    for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True):
-        assert last is not None
-        for entry in range(first, last + 1):
-            for position in write_set(entry, metadata.ensemble_size, metadata.write_quorum):
-                held[segment.ensemble[position]].add(entry)
-    return held
 
 
 def _audit(
@@ -102,7 +93,7 @@ def audited_ledgers(draw: st.DrawFn) -> tuple[LedgerMetadata, dict[str, set[int]
     firsts = [0, *sorted(draw(st.sets(st.integers(1, last + 1), max_size=3)))]
     ensembles = [tuple(draw(st.permutations(BOOKIES))[:e]) for _ in firsts]
     metadata = _ledger(wq, aq, ensembles, firsts, last)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     entries = st.integers(0, last + 3)
     for bookie in sorted(held):
         held[bookie] -= draw(st.sets(entries, max_size=5))
@@ -205,12 +196,12 @@ ABC = ("b0", "b1", "b2")
 
 def test_a_healthy_well_placed_ledger_has_no_violations() -> None:
     metadata = _ledger(2, 2, [ABC, ("b0", "b1", "b5")], [0, 500], 999)
-    assert _audit(metadata, _held_by_schedule(metadata)) == []
+    assert _audit(metadata, held_by_schedule(metadata)) == []
 
 
 def test_an_entry_on_no_bookie_is_no_replica() -> None:
     metadata = _ledger(2, 1, [ABC], [0], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b0"].discard(3)
     held["b1"].discard(3)
     found = _audit(metadata, held)
@@ -223,7 +214,7 @@ def test_an_entry_on_no_bookie_is_no_replica() -> None:
 
 def test_a_lost_bookie_leaves_entries_below_ack_quorum() -> None:
     metadata = _ledger(2, 2, [ABC], [0], 29)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b1"] = set()
     found = _audit(metadata, held)
     assert _rows(found) == [("below_ack_quorum", 0, "b1", 20)]
@@ -232,14 +223,14 @@ def test_a_lost_bookie_leaves_entries_below_ack_quorum() -> None:
 
 def test_one_missing_copy_of_three_is_below_write_quorum() -> None:
     metadata = _ledger(3, 2, [ABC], [0], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b2"].discard(7)
     assert _rows(_audit(metadata, held)) == [("below_write_quorum", 0, "b2", 1)]
 
 
 def test_the_worst_entry_sets_the_category_of_every_row() -> None:
     metadata = _ledger(3, 2, [ABC], [0], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b2"].discard(7)
     for bookie in ABC:
         held[bookie].discard(4)
@@ -248,7 +239,7 @@ def test_the_worst_entry_sets_the_category_of_every_row() -> None:
 
 def test_entries_outside_their_write_sets_are_misplaced() -> None:
     metadata = _ledger(2, 2, [ABC, ("b3", "b4", "b5")], [0, 10], 19)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b2"].add(0)  # entry 0 goes to b0 and b1
     held["b0"].add(15)  # b0 is not in segment 1
     held["b7"] = {1, 2, 30}  # b7 is in no ensemble; 30 is past the end
@@ -266,7 +257,7 @@ def test_entries_outside_their_write_sets_are_misplaced() -> None:
 
 def test_entries_past_the_end_are_leftovers_not_strays() -> None:
     metadata = _ledger(2, 2, [ABC, ("b3", "b4", "b5")], [0, 10], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     held["b3"] = {10, 11}
     held["b7"] = {12}
     assert _audit(metadata, held) == []
@@ -274,7 +265,7 @@ def test_entries_past_the_end_are_leftovers_not_strays() -> None:
 
 def test_a_silent_bookie_makes_the_ledger_potentially_faulty_and_is_not_judged() -> None:
     metadata = _ledger(2, 2, [ABC, ("b0", "b1", "b5")], [0, 5], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     del held["b1"]
     found = _audit(metadata, held)
     assert _rows(found) == [("potentially_faulty", None, "b1", None)]
@@ -285,7 +276,7 @@ def test_a_silent_bookie_makes_the_ledger_potentially_faulty_and_is_not_judged()
 
 def test_write_sets_on_too_few_racks_fail_placement() -> None:
     metadata = _ledger(2, 2, [("b0", "b3", "b1")], [0], 9)  # racks /r0 /r0 /r1
-    found = _audit(metadata, _held_by_schedule(metadata))
+    found = _audit(metadata, held_by_schedule(metadata))
     assert _rows(found) == [("placement_fail", 0, None, None)]
     assert found[0].detail == (
         "segment 0 (entries 0..9) on racks ['/r0', '/r0', '/r1']: a write set of WQ=2 spans 1 "
@@ -295,21 +286,21 @@ def test_write_sets_on_too_few_racks_fail_placement() -> None:
 
 def test_write_sets_short_of_the_cluster_racks_are_soft() -> None:
     metadata = _ledger(3, 2, [("b0", "b3", "b1")], [0], 9)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     assert _rows(_audit(metadata, held)) == [("placement_soft", 0, None, None)]
     assert _audit(metadata, held, cluster_racks=2) == []
 
 
 def test_unknown_racks_stand_in_the_default_rack() -> None:
     metadata = _ledger(2, 2, [ABC], [0], 9)
-    assert _rows(_audit(metadata, _held_by_schedule(metadata), racks={})) == [
+    assert _rows(_audit(metadata, held_by_schedule(metadata), racks={})) == [
         ("placement_fail", 0, None, None)
     ]
 
 
 def test_an_empty_trailing_segment_is_not_judged_on_placement() -> None:
     metadata = _ledger(2, 2, [ABC, ("b0", "b3", "b6")], [0, 10], 9)
-    assert _audit(metadata, _held_by_schedule(metadata)) == []
+    assert _audit(metadata, held_by_schedule(metadata)) == []
 
 
 def test_a_ledger_marked_within_the_grace_period_is_skipped_whatever_its_state() -> None:
@@ -471,7 +462,7 @@ def raw_ledgers(draw: st.DrawFn) -> tuple[Raw, set[str]]:
         if spare:
             ensemble[draw(st.integers(0, e - 1))] = spare.pop()
     metadata = _ledger(wq, aq, [ens for _, ens in segments], firsts, last)
-    held = _held_by_schedule(metadata)
+    held = held_by_schedule(metadata)
     faults = draw(st.lists(st.integers(0, 9), max_size=2))
     responded = set(BOOKIES)
     encode = {b: EntryAvailability.from_entries(s).to_bytes for b, s in held.items()}
@@ -547,7 +538,7 @@ def _healthy(e: int, wq: int, firsts: list[int], last: int, keep: bool = True) -
     metadata = _ledger(wq, 1, [ens for _, ens in segments], firsts, last)
     reports = {
         bookie: EntryAvailability.from_entries(held).to_bytes()
-        for bookie, held in _held_by_schedule(metadata).items()
+        for bookie, held in held_by_schedule(metadata).items()
     }
     return e, wq, 1, last, segments, reports
 

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.availability import MAX_SEQUENCE, EntryAvailability, SequenceGroup
-from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category
 from tally.core.metadata import LedgerMetadata
@@ -22,39 +21,17 @@ from tally.core.replicas_decisions import (
     marked_too_long,
 )
 from tally.core.schedule import write_set
+from tests.support.ledgers import held_by_schedule, rotating_ledger
 
 BOOKIES = [f"b{i}" for i in range(6)]
 
 
 def _open(e: int, wq: int, aq: int, changes: Sequence[int] = ()) -> LedgerMetadata:
-    metadata = LedgerMetadata.create(
-        ensemble=tuple(BOOKIES[:e]),
-        write_quorum=wq,
-        ack_quorum=aq,
-        digest_type=DigestType.CRC32C,
-        password=b"pw",
-        ctime_ms=0,
-        creator_token=b"t",
-    )
-    for shift, first in enumerate(sorted(set(changes)), start=1):
-        ensemble = tuple(BOOKIES[(i + shift) % len(BOOKIES)] for i in range(e))
-        metadata = metadata.with_ensemble_change(first, ensemble)
-    return metadata
+    return rotating_ledger(e, wq, aq, changes, None, BOOKIES)
 
 
 def _closed(e: int, wq: int, aq: int, last: int, changes: Sequence[int] = ()) -> LedgerMetadata:
-    return _open(e, wq, aq, changes).close(last, last + 1)
-
-
-def _scheduled(metadata: LedgerMetadata) -> dict[str, set[int]]:
-    """What each bookie holds when nothing is lost."""
-    held: dict[str, set[int]] = {b: set() for b in metadata.bookies()}
-    for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True):
-        assert last is not None
-        for entry in range(first, last + 1):
-            for position in write_set(entry, metadata.ensemble_size, metadata.write_quorum):
-                held[segment.ensemble[position]].add(entry)
-    return held
+    return rotating_ledger(e, wq, aq, changes, last, BOOKIES)
 
 
 def _answers(held: dict[str, set[int]]) -> dict[str, EntryAvailability]:
@@ -107,7 +84,7 @@ def test_the_bookies_of_an_empty_trailing_segment_are_not_asked() -> None:
 
 def test_a_healthy_ledger_has_no_findings() -> None:
     metadata = _closed(3, 2, 2, 20)
-    judgement = judge_ledger(metadata, _answers(_scheduled(metadata)))
+    judgement = judge_ledger(metadata, _answers(held_by_schedule(metadata)))
     assert judgement.categories == ()
     assert judgement.mark_bookies == frozenset()
     assert judgement.durability.fewest_copies == 2
@@ -115,7 +92,7 @@ def test_a_healthy_ledger_has_no_findings() -> None:
 
 def test_missing_copies_are_classified_and_marked_naming_the_bookie() -> None:
     metadata = _closed(3, 3, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     held["b1"] -= {4, 5}
     held["b2"] -= {5}
     judgement = judge_ledger(metadata, _answers(held))
@@ -126,7 +103,7 @@ def test_missing_copies_are_classified_and_marked_naming_the_bookie() -> None:
 
 def test_an_entry_with_no_copy_is_no_replica() -> None:
     metadata = _closed(3, 2, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     for position in write_set(7, 3, 2):
         held[BOOKIES[position]].discard(7)
     judgement = judge_ledger(metadata, _answers(held))
@@ -136,7 +113,7 @@ def test_an_entry_with_no_copy_is_no_replica() -> None:
 
 def test_a_lost_bookie_counts_as_holding_nothing_and_is_left_out_of_the_mark() -> None:
     metadata = _closed(3, 3, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     del held["b0"]
     judgement = judge_ledger(metadata, _answers(held), lost={"b0"})
     assert judgement.categories == (Category.BELOW_WRITE_QUORUM,)
@@ -147,7 +124,7 @@ def test_a_lost_bookie_counts_as_holding_nothing_and_is_left_out_of_the_mark() -
 
 def test_a_registered_bookie_that_did_not_answer_is_not_judged() -> None:
     metadata = _closed(3, 2, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     del held["b0"]
     judgement = judge_ledger(metadata, _answers(held))
     assert judgement.categories == (Category.POTENTIALLY_FAULTY,)
@@ -157,7 +134,7 @@ def test_a_registered_bookie_that_did_not_answer_is_not_judged() -> None:
 
 def test_misplaced_entries_are_reported_but_not_marked() -> None:
     metadata = _closed(3, 2, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     extra = next(e for e in range(21) if e not in held["b0"])
     held["b0"].add(extra)
     judgement = judge_ledger(metadata, _answers(held))
@@ -167,7 +144,7 @@ def test_misplaced_entries_are_reported_but_not_marked() -> None:
 
 def test_every_category_of_a_ledger_is_reported_worst_first() -> None:
     metadata = _closed(4, 3, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     held["b1"] -= {1}
     held["b1"].add(next(e for e in range(21) if e not in held["b1"] and e != 1))
     del held["b3"]
@@ -195,7 +172,7 @@ def damaged(
     aq = draw(st.integers(1, wq))
     last = draw(st.integers(0, 40))
     metadata = _closed(e, wq, aq, last, draw(st.lists(st.integers(1, last + 1), max_size=2)))
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     for bookie in held:
         held[bookie] -= draw(st.sets(st.integers(0, last), max_size=5))
     silent = draw(st.sets(st.sampled_from(sorted(bookies_to_ask(metadata)))))
@@ -235,7 +212,7 @@ def test_judgement_matches_a_count_of_every_entry(
 
 def test_a_description_names_quorums_copies_bookies_and_ranges() -> None:
     metadata = _closed(3, 2, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     held["b1"] -= {0, 1, 3}
     del held["b2"]
     text = describe(metadata, judge_ledger(metadata, _answers(held), lost={"b2"}))
@@ -247,7 +224,7 @@ def test_a_description_names_quorums_copies_bookies_and_ranges() -> None:
 
 def test_a_description_names_unresponsive_and_misplaced() -> None:
     metadata = _closed(3, 2, 2, 20)
-    held = _scheduled(metadata)
+    held = held_by_schedule(metadata)
     held["b0"].add(next(e for e in range(21) if e not in held["b0"]))
     del held["b1"]
     text = describe(metadata, judge_ledger(metadata, _answers(held)))

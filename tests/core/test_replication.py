@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
-from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
 from tally.core.metadata import LedgerMetadata
 from tally.core.replication import (
@@ -26,25 +25,7 @@ from tally.core.replication import (
     targets_of,
 )
 from tally.core.schedule import expected_entries, write_set
-
-BOOKIES = [f"b{i}" for i in range(8)]
-
-
-def _ledger(e: int, wq: int, aq: int, changes: list[int], last: int | None) -> LedgerMetadata:
-    """Segments rotating over BOOKIES; closed at `last`, or OPEN when None."""
-    metadata = LedgerMetadata.create(
-        ensemble=tuple(BOOKIES[:e]),
-        write_quorum=wq,
-        ack_quorum=aq,
-        digest_type=DigestType.CRC32C,
-        password=b"pw",
-        ctime_ms=0,
-        creator_token=b"t",
-    )
-    for shift, first in enumerate(sorted(set(changes)), start=1):
-        ensemble = tuple(BOOKIES[(i + shift) % len(BOOKIES)] for i in range(e))
-        metadata = metadata.with_ensemble_change(first, ensemble)
-    return metadata if last is None else metadata.close(last, last + 1)
+from tests.support.ledgers import BOOKIES, rotating_ledger
 
 
 def _held_by_schedule(metadata: LedgerMetadata) -> dict[str, set[int]]:
@@ -64,7 +45,7 @@ def _availability(held: dict[str, set[int]], bookies: set[str]) -> dict[str, Ent
 
 
 def test_a_healthy_ledger_needs_nothing() -> None:
-    metadata = _ledger(3, 2, 2, [10, 25], 40)
+    metadata = rotating_ledger(3, 2, 2, [10, 25], 40)
     held = _held_by_schedule(metadata)
     plan = plan_replication(metadata, {"b0"}, set(BOOKIES), _availability(held, set(held)))
     assert plan.complete
@@ -73,7 +54,7 @@ def test_a_healthy_ledger_needs_nothing() -> None:
 
 
 def test_a_lost_bookie_is_replaced_with_every_entry_of_its_positions() -> None:
-    metadata = _ledger(3, 2, 2, [10], 30)  # segment 0: b0 b1 b2, segment 1: b1 b2 b3
+    metadata = rotating_ledger(3, 2, 2, [10], 30)  # segment 0: b0 b1 b2, segment 1: b1 b2 b3
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b1"}
     plan = plan_replication(metadata, {"b1"}, registered, _availability(held, registered))
@@ -90,7 +71,7 @@ def test_a_lost_bookie_is_replaced_with_every_entry_of_its_positions() -> None:
 
 
 def test_missing_entries_of_a_registered_bookie_are_filled_back() -> None:
-    metadata = _ledger(3, 3, 2, [], 20)
+    metadata = rotating_ledger(3, 3, 2, [], 20)
     held = _held_by_schedule(metadata)
     held["b2"] -= {3, 4, 17}
     plan = plan_replication(metadata, {"b2"}, set(BOOKIES), _availability(held, set(held)))
@@ -104,7 +85,7 @@ def test_missing_entries_of_a_registered_bookie_are_filled_back() -> None:
 def test_a_bookie_not_declared_lost_is_unjudged_and_never_replaced() -> None:
     """Not registered, but the mark names another bookie: it may be restarting (the
     auditor's lost_bookie_recovery_delay); the mark must stay, nothing replaces it."""
-    metadata = _ledger(3, 2, 2, [], 20)
+    metadata = rotating_ledger(3, 2, 2, [], 20)
     held = _held_by_schedule(metadata)
     held["b0"] -= {0}
     registered = {"b0", "b2"}
@@ -117,7 +98,7 @@ def test_a_bookie_not_declared_lost_is_unjudged_and_never_replaced() -> None:
 
 
 def test_an_empty_mark_declares_every_unregistered_bookie_lost() -> None:
-    metadata = _ledger(3, 2, 2, [], 20)
+    metadata = rotating_ledger(3, 2, 2, [], 20)
     held = _held_by_schedule(metadata)
     registered = {"b0", "b2"}
     plan = plan_replication(metadata, (), registered, _availability(held, registered))
@@ -126,7 +107,7 @@ def test_an_empty_mark_declares_every_unregistered_bookie_lost() -> None:
 
 
 def test_a_silent_registered_bookie_is_unjudged_but_still_a_source() -> None:
-    metadata = _ledger(3, 3, 2, [], 9)
+    metadata = rotating_ledger(3, 3, 2, [], 9)
     held = _held_by_schedule(metadata)
     held["b0"] -= {5}
     answered = _availability(held, {"b0", "b2"})
@@ -140,7 +121,7 @@ def test_a_silent_registered_bookie_is_unjudged_but_still_a_source() -> None:
 
 
 def test_an_open_ledgers_last_segment_is_left_to_its_writer_and_flagged() -> None:
-    metadata = _ledger(3, 2, 2, [10], None)  # segment 1 (b1 b2 b3) is open
+    metadata = rotating_ledger(3, 2, 2, [10], None)  # segment 1 (b1 b2 b3) is open
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b2"}
     plan = plan_replication(metadata, {"b2"}, registered, _availability(held, registered))
@@ -152,7 +133,7 @@ def test_an_open_ledgers_last_segment_is_left_to_its_writer_and_flagged() -> Non
 
 
 def test_an_open_ledger_whose_lost_bookie_is_only_in_bounded_segments_is_not_flagged() -> None:
-    metadata = _ledger(3, 2, 2, [10], None)
+    metadata = rotating_ledger(3, 2, 2, [10], None)
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b0"}
     plan = plan_replication(metadata, {"b0"}, registered, _availability(held, registered))
@@ -161,7 +142,7 @@ def test_an_open_ledger_whose_lost_bookie_is_only_in_bounded_segments_is_not_fla
 
 
 def test_segments_without_entries_are_skipped() -> None:
-    metadata = _ledger(3, 2, 2, [10], 9)  # closed at 9: segment 1 starts at 10, empty
+    metadata = rotating_ledger(3, 2, 2, [10], 9)  # closed at 9: segment 1 starts at 10, empty
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b3"}  # b3 is only in the empty segment
     plan = plan_replication(metadata, {"b3"}, registered, _availability(held, registered))
@@ -169,7 +150,7 @@ def test_segments_without_entries_are_skipped() -> None:
 
 
 def test_entries_merge_every_target_of_an_entry() -> None:
-    metadata = _ledger(4, 3, 2, [], 11)
+    metadata = rotating_ledger(4, 3, 2, [], 11)
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b0", "b1"}
     plan = plan_replication(metadata, {"b0", "b1"}, registered, _availability(held, registered))
@@ -192,7 +173,7 @@ def test_entries_merge_every_target_of_an_entry() -> None:
 
 
 def test_sources_of_refuses_entries_outside_the_segment() -> None:
-    metadata = _ledger(3, 2, 2, [], 9)
+    metadata = rotating_ledger(3, 2, 2, [], 9)
     held = _held_by_schedule(metadata)
     held["b0"].clear()
     plan = plan_replication(metadata, {"b0"}, set(BOOKIES), _availability(held, set(held)))
@@ -201,7 +182,7 @@ def test_sources_of_refuses_entries_outside_the_segment() -> None:
 
 
 def test_replacements_skip_positions_whose_copies_failed() -> None:
-    metadata = _ledger(4, 2, 2, [], 11)
+    metadata = rotating_ledger(4, 2, 2, [], 11)
     held = _held_by_schedule(metadata)
     registered = set(BOOKIES) - {"b0", "b2"}
     plan = plan_replication(metadata, {"b0", "b2"}, registered, _availability(held, registered))
@@ -211,7 +192,7 @@ def test_replacements_skip_positions_whose_copies_failed() -> None:
 
 
 def test_apply_replacements_on_changed_metadata() -> None:
-    planned = _ledger(3, 2, 2, [10], None)
+    planned = rotating_ledger(3, 2, 2, [10], None)
     change = Replacement(0, 1, "b1", "b6")
     applied = apply_replacements(planned, planned, [change])
     assert applied is not None
@@ -228,9 +209,11 @@ def test_apply_replacements_on_changed_metadata() -> None:
     other = planned.replace_bookie(0, "b1", "b7")
     assert apply_replacements(other, planned, [change]) is None
     # the replaced segment's end moved: never apply
-    shorter = _ledger(3, 2, 2, [5], None)
+    shorter = rotating_ledger(3, 2, 2, [5], None)
     assert (
-        apply_replacements(shorter, _ledger(3, 2, 2, [10], 30), [Replacement(0, 1, "b1", "b6")])
+        apply_replacements(
+            shorter, rotating_ledger(3, 2, 2, [10], 30), [Replacement(0, 1, "b1", "b6")]
+        )
         is None
     )
 
@@ -295,7 +278,7 @@ def _scenarios(draw: st.DrawFn) -> tuple[LedgerMetadata, dict[str, set[int]], se
     aq = draw(st.integers(1, wq))
     last = draw(st.integers(0, 60))
     changes = draw(st.lists(st.integers(1, last + 1), max_size=3))
-    metadata = _ledger(e, wq, aq, changes, draw(st.sampled_from([last, None])))
+    metadata = rotating_ledger(e, wq, aq, changes, draw(st.sampled_from([last, None])))
     held = _held_by_schedule(metadata)
     bookies = sorted(metadata.bookies())
     lost = set(draw(st.lists(st.sampled_from(bookies), max_size=2, unique=True)))
