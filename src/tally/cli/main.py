@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli import autorecovery, bench, bookie, cluster, cluster_demo, demo, local, shell
+from tally.cli import audit, autorecovery, bench, bookie, cluster, cluster_demo, demo, local, shell
 
 app = typer.Typer(
     name="tally",
@@ -20,6 +20,7 @@ app.command("bookie")(bookie.run)
 app.command("autorecovery")(autorecovery.run)
 app.add_typer(local.app, name="local")
 app.add_typer(shell.app, name="shell")
+app.add_typer(audit.app, name="audit")
 
 
 @app.callback()

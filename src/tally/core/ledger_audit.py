@@ -295,6 +295,7 @@ BoolArray = npt.NDArray[np.bool_]
 Int64Array = npt.NDArray[np.int64]
 
 _GROUP_DTYPE = np.dtype([("first", ">i8"), ("last", ">i8"), ("size", ">i4"), ("period", ">i4")])
+_RUNS_CHECKED = 8
 _LARGEST_END = 1 << 62
 """Ledgers ending later are left to `audit_ledger`, so that no count overflows an int64."""
 
@@ -509,14 +510,17 @@ def _check_reports(c: LedgerColumns, t: _Stretches, ok: BoolArray) -> None:
     placed = np.zeros(report.size, dtype=np.bool_)
     if t.ledger.size:
         which = np.maximum(stretch, 0)
-        e, wq = c.ensemble_size[ledger], c.write_quorum[ledger]
-        behind = (t.position[which] - first) % np.maximum(e, 1)
         placed = (
             (stretch >= 0)
             & (t.high[which] >= stop - 1)
-            & (
-                (wq >= e)
-                | ((period % np.maximum(e, 1) == 0) & (behind < wq) & (size <= behind + 1))
+            & _on_schedule(
+                first,
+                last,
+                size,
+                period,
+                t.position[which],
+                c.ensemble_size[ledger],
+                c.write_quorum[ledger],
             )
         )
     held = np.concatenate(([0], np.cumsum(entries)))
@@ -536,6 +540,32 @@ def _check_reports(c: LedgerColumns, t: _Stretches, ok: BoolArray) -> None:
     ok[repeated // max(c.responded.size, 1)] = False
     reported = np.isin(t.pair_key, keys)
     ok[(t.pair_key // max(c.responded.size, 1))[(t.pair_owed > 0) & ~reported]] = False
+
+
+def _on_schedule(
+    first: Int64Array,
+    last: Int64Array,
+    size: Int64Array,
+    period: Int64Array,
+    position: Int64Array,
+    e: Int64Array,
+    wq: Int64Array,
+) -> BoolArray:
+    """Per group: each of its runs lies in one window of WQ entries of `position`'s
+    round-robin pattern. With a period that is a multiple of E the runs all sit alike and the
+    first one tells; otherwise (a short segment's runs) each is checked, up to
+    `_RUNS_CHECKED` of them, and a longer group is not proven."""
+    e = np.maximum(e, 1)
+    alike = period % e == 0
+    runs = np.where(alike, 1, (last - first) // np.maximum(period, 1) + 1)
+    checked = np.where(runs <= _RUNS_CHECKED, runs, 1)
+    group = np.repeat(np.arange(first.size, dtype=np.int64), checked)
+    index = np.arange(group.size, dtype=np.int64) - np.repeat(np.cumsum(checked) - checked, checked)
+    behind = (position[group] - (first[group] + index * period[group])) % e[group]
+    fits = (wq[group] >= e[group]) | ((behind < wq[group]) & (size[group] <= behind + 1))
+    misfits = np.bincount(group[~fits], minlength=first.size)
+    on: BoolArray = (runs <= _RUNS_CHECKED) & (misfits == 0)
+    return on
 
 
 def _stretch_of(keys: Int64Array, first: Int64Array, t: _Stretches, c: LedgerColumns) -> Int64Array:

@@ -1,0 +1,374 @@
+"""`tally audit snapshot`: export a live cluster into the audit schema, once and in bulk.
+
+An online auditor asks every bookie about every ledger; the snapshot instead walks the
+metadata once and asks each bookie once for its whole availability (AVAILABILITY_DUMP), so
+the Spark checks can join the two offline. The metadata goes first: a ledger closed before
+the walk has all its entries on its bookies already, so the dumps that follow can only show
+more than the metadata knows (a ledger created meanwhile looks orphaned), never less; the
+confirmation pass (`tally.audit.confirm`) drops such skew.
+
+Memory stays bounded: ledgers are written a page at a time, and each bookie's dump streams
+into its own Parquet part in row batches. A bookie that cannot be reached, or whose dump
+fails midway, has its part deleted and is recorded with responded = false, so a partial
+dump can never pass for a bookie that lost entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tally import __version__
+from tally.audit import schema
+from tally.client.bookie_pool import BookiePool
+from tally.core.errors import BadRequest, TallyError
+from tally.core.ids import LedgerId
+from tally.core.placement import DEFAULT_RACK
+from tally.metadata.bookie_registry import (
+    AvailableBookies,
+    BookiePlacement,
+    BookieRegistry,
+)
+from tally.metadata.cluster import require_cluster
+from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.store import open_store
+from tally.metadata.underreplication import UnderReplicationManager
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int | None], None]
+"""progress(stage, done, total or None when unknown), called as work advances."""
+
+ROW_BATCH = 8192
+"""Rows buffered before they are handed to Parquet: what bounds a dump's memory."""
+DUMP_CONCURRENCY = 4
+"""Bookies dumped at once: enough to overlap their disks, few enough to spare the network."""
+LEDGER_PAGE = 1000
+SESSION_TIMEOUT = 30.0
+
+_DICTIONARY_COLUMNS = {
+    schema.LEDGERS: ["state", "digest_type"],
+    schema.SEGMENTS: ["ensemble"],
+    schema.BOOKIES: ["rack", "state"],
+    schema.AVAILABILITY: ["bookie_id"],
+    schema.VIOLATIONS: ["category", "bookie_id"],
+}
+"""Columns with few distinct values; ids and encodings gain nothing from a dictionary."""
+
+
+class DatasetWriter:
+    """One Parquet dataset (a directory of part files) written in batches.
+
+    Parts are numbered in the order they are opened; `next_part` starts a new file,
+    `discard_part` deletes the current one with its rows. A dataset with no rows at all still
+    gets one empty part on `close`, so every reader finds the schema.
+    """
+
+    def __init__(
+        self, directory: Path, table_schema: pa.Schema, name: str, *, first_part: int = 0
+    ) -> None:
+        self.directory = directory
+        self.schema = table_schema
+        self.rows = 0
+        self._dictionary = _DICTIONARY_COLUMNS.get(name, [])
+        self._part = first_part
+        self._part_rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._files = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def _path(self) -> Path:
+        return self.directory / f"part-{self._part:05d}.parquet"
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(
+                self._path,
+                self.schema,
+                compression="snappy",
+                use_dictionary=self._dictionary,
+            )
+            self._files += 1
+        if isinstance(table, pa.RecordBatch):
+            self._writer.write_batch(table)
+        else:
+            self._writer.write_table(table)
+        self.rows += table.num_rows
+        self._part_rows += table.num_rows
+
+    def write_rows(self, columns: dict[str, list[Any]]) -> None:
+        self.write(pa.Table.from_pydict(columns, schema=self.schema))
+
+    def next_part(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._part += 1
+        self._part_rows = 0
+
+    def discard_part(self) -> None:
+        """Delete the current part and forget its rows."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._path.unlink()
+            self._files -= 1
+        self.rows -= self._part_rows
+        self._part_rows = 0
+
+    def close(self) -> None:
+        self.next_part()
+        if self._files == 0:
+            pq.write_table(self.schema.empty_table(), self._path, compression="snappy")
+            self._files = 1
+
+
+def prepare_output(out: Path, names: Iterable[str]) -> None:
+    """Create `out`, refusing to mix a new dataset with the files of an old one."""
+    taken = [name for name in names if (out / name).exists()]
+    if taken:
+        raise BadRequest(f"{out} already holds {', '.join(taken)}: choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+async def take_snapshot(
+    metadata_uri: str,
+    out: Path,
+    *,
+    progress: Progress | None = None,
+    bookie_timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Export the cluster at `metadata_uri` into `out`; returns snapshot.json's content.
+
+    `bookie_timeout` bounds the wait for each frame of a bookie's dump (and for its
+    connection): a bookie silent for longer counts as not responding.
+    """
+    report = progress or _no_progress
+    prepare_output(
+        out,
+        [
+            schema.LEDGERS,
+            schema.SEGMENTS,
+            schema.BOOKIES,
+            schema.AVAILABILITY,
+            schema.SNAPSHOT_JSON,
+        ],
+    )
+    created_ms = int(time.time() * 1000)
+    store = open_store(metadata_uri, session_timeout=SESSION_TIMEOUT)
+    await store.start()
+    try:
+        cluster = await require_cluster(store, uri=metadata_uri)
+        registry = BookieRegistry(store)
+        marks = {
+            mark.ledger_id: mark.first_marked_ms
+            async for mark in UnderReplicationManager(store).list_under_replicated()
+        }
+        named, ledgers, segments, unreadable = await _export_ledgers(
+            LedgerManager(store), marks, out, report
+        )
+        available = await registry.available_bookies()
+        placements = await registry.placements()
+        registered = sorted(available.writable | available.read_only)
+        pool = BookiePool(registry, request_timeout=bookie_timeout)
+        try:
+            failures, availability_rows = await _export_availability(pool, registered, out, report)
+        finally:
+            await pool.close()
+    finally:
+        await store.close()
+
+    rows = _bookie_rows(named, available, placements, failures)
+    bookies = DatasetWriter(out / schema.BOOKIES, schema.BOOKIES_SCHEMA, schema.BOOKIES)
+    bookies.write_rows(rows)
+    bookies.close()
+
+    summary: dict[str, Any] = {
+        "format_version": schema.FORMAT_VERSION,
+        "created_ms": created_ms,
+        "cluster": {"metadata": metadata_uri, "instance_id": cluster.instance_id},
+        "tool": {"name": "tally", "version": __version__},
+        "counts": {
+            "ledgers": ledgers,
+            "segments": segments,
+            "unreadable_ledgers": unreadable,
+            "underreplicated": len(marks),
+            "bookies": len(rows["bookie_id"]),
+            "bookies_registered": len(registered),
+            "bookies_responded": sum(rows["responded"]),
+            "availability": availability_rows,
+        },
+        "unresponsive_bookies": failures,
+    }
+    write_json(out / schema.SNAPSHOT_JSON, summary)
+    return summary
+
+
+def _bookie_rows(
+    named: set[str],
+    available: AvailableBookies,
+    placements: dict[str, BookiePlacement],
+    failures: dict[str, str],
+) -> dict[str, list[Any]]:
+    """Every bookie registered or named by an ensemble; only registered ones were asked."""
+    rows: dict[str, list[Any]] = _empty(schema.BOOKIES_SCHEMA)
+    for bookie in sorted(available.writable | available.read_only | named):
+        if bookie in available.writable:
+            state = schema.BookieState.WRITABLE
+        elif bookie in available.read_only:
+            state = schema.BookieState.READONLY
+        else:
+            state = schema.BookieState.UNREGISTERED
+        placement = placements.get(bookie)
+        rows["bookie_id"].append(bookie)
+        rows["rack"].append(placement.rack if placement is not None else DEFAULT_RACK)
+        rows["state"].append(state.value)
+        rows["responded"].append(
+            state is not schema.BookieState.UNREGISTERED and bookie not in failures
+        )
+    return rows
+
+
+def _no_progress(stage: str, done: int, total: int | None) -> None:
+    """Progress goes nowhere unless the caller shows it."""
+
+
+async def _export_ledgers(
+    manager: LedgerManager, marks: dict[LedgerId, int], out: Path, report: Progress
+) -> tuple[set[str], int, int, int]:
+    """Write ledgers/ and segments/; (bookies named by any ensemble, ledgers, segments,
+    ledgers whose metadata does not decode)."""
+    ledgers = DatasetWriter(out / schema.LEDGERS, schema.LEDGERS_SCHEMA, schema.LEDGERS)
+    segments = DatasetWriter(out / schema.SEGMENTS, schema.SEGMENTS_SCHEMA, schema.SEGMENTS)
+    named: set[str] = set()
+    unreadable = 0
+    ledger_rows = _empty(schema.LEDGERS_SCHEMA)
+    segment_rows = _empty(schema.SEGMENTS_SCHEMA)
+    async for page in manager.ledger_pages(LEDGER_PAGE):
+        for bad in page.unreadable:
+            log.error("snapshot: %s: %s", bad.path, bad.error)
+        unreadable += len(page.unreadable)
+        for record in page.ledgers:
+            _ledger_rows(record, marks.get(record.ledger_id), ledger_rows, segment_rows, named)
+        if len(segment_rows["ensemble"]) >= ROW_BATCH:
+            ledgers.write_rows(ledger_rows)
+            segments.write_rows(segment_rows)
+            ledger_rows = _empty(schema.LEDGERS_SCHEMA)
+            segment_rows = _empty(schema.SEGMENTS_SCHEMA)
+        report("ledgers", ledgers.rows + len(ledger_rows["ledger_id"]), None)
+    ledgers.write_rows(ledger_rows)
+    segments.write_rows(segment_rows)
+    ledgers.close()
+    segments.close()
+    return named, ledgers.rows, segments.rows, unreadable
+
+
+def _empty(table_schema: pa.Schema) -> dict[str, list[Any]]:
+    return {name: [] for name in table_schema.names}
+
+
+def _ledger_rows(
+    record: LedgerRecord,
+    marked_ms: int | None,
+    ledgers: dict[str, list[Any]],
+    segments: dict[str, list[Any]],
+    named: set[str],
+) -> None:
+    metadata = record.metadata
+    scope = schema.to_int64(record.ledger_id.scope)
+    ledger_id = schema.to_int64(record.ledger_id.id)
+    for name, value in (
+        ("scope", scope),
+        ("ledger_id", ledger_id),
+        ("state", metadata.state.name),
+        ("ensemble_size", metadata.ensemble_size),
+        ("write_quorum", metadata.write_quorum),
+        ("ack_quorum", metadata.ack_quorum),
+        ("last_entry_id", metadata.last_entry_id),
+        ("length", metadata.length),
+        ("ctime_ms", metadata.ctime_ms),
+        ("digest_type", metadata.digest_type.name),
+        ("underreplicated_since_ms", marked_ms),
+    ):
+        ledgers[name].append(value)
+    for index, (segment, (first, last)) in enumerate(
+        zip(metadata.segments, metadata.segment_bounds(), strict=True)
+    ):
+        segments["scope"].append(scope)
+        segments["ledger_id"].append(ledger_id)
+        segments["segment_index"].append(index)
+        segments["first_entry_id"].append(first)
+        segments["last_entry_id"].append(-1 if last is None else last)
+        segments["ensemble"].append(list(segment.ensemble))
+        named.update(segment.ensemble)
+
+
+async def _export_availability(
+    pool: BookiePool, bookies: list[str], out: Path, report: Progress
+) -> tuple[dict[str, str], int]:
+    """Dump every bookie into availability/, each into its own part; the bookies that did
+    not respond (with why), and the rows written."""
+    directory = out / schema.AVAILABILITY
+    failures: dict[str, str] = {}
+    rows = 0
+    limit = asyncio.Semaphore(DUMP_CONCURRENCY)
+
+    async def dump(number: int, bookie: str) -> None:
+        nonlocal rows
+        writer = DatasetWriter(
+            directory, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY, first_part=number
+        )
+        async with limit:
+            try:
+                await _dump_bookie(pool, bookie, writer, report)
+            except TallyError as error:
+                log.warning("snapshot: bookie %s did not respond: %s", bookie, error)
+                failures[bookie] = f"{type(error).__name__}: {error}"
+                writer.discard_part()
+            writer.next_part()
+        rows += writer.rows
+
+    await asyncio.gather(*(dump(number, bookie) for number, bookie in enumerate(bookies)))
+    if rows == 0:
+        DatasetWriter(directory, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY).close()
+    return failures, rows
+
+
+async def _dump_bookie(
+    pool: BookiePool, bookie: str, writer: DatasetWriter, report: Progress
+) -> None:
+    """Stream one bookie's AVAILABILITY_DUMP into `writer`, ROW_BATCH rows at a time."""
+    stage = f"bookie {bookie}"
+    connection = await pool.get(bookie)
+    done = 0
+    batch = _empty(schema.AVAILABILITY_SCHEMA)
+    report(stage, 0, None)
+    async with contextlib.aclosing(connection.availability_dump()) as stream:
+        async for record in stream:
+            batch["bookie_id"].append(bookie)
+            batch["scope"].append(schema.to_int64(record.ledger_id.scope))
+            batch["ledger_id"].append(schema.to_int64(record.ledger_id.id))
+            batch["availability"].append(record.availability)
+            if len(batch["availability"]) >= ROW_BATCH:
+                writer.write_rows(batch)
+                done += len(batch["availability"])
+                batch = _empty(schema.AVAILABILITY_SCHEMA)
+                report(stage, done, None)
+    writer.write_rows(batch)
+    report(stage, done + len(batch["availability"]), done + len(batch["availability"]))

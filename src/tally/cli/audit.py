@@ -1,0 +1,223 @@
+"""`tally audit snapshot | run | confirm | synth`: the cluster audit pipeline on Spark."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tally.audit import schema
+from tally.core.errors import TallyError
+
+app = typer.Typer(
+    name="audit",
+    help="Audit a whole cluster on Spark: snapshot it, check every ledger, confirm, report.",
+    no_args_is_help=True,
+)
+
+_out = Console(soft_wrap=True, highlight=False)
+_err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+
+MetadataOption = Annotated[
+    str,
+    typer.Option("--metadata", help="Metadata store URI: sqlite:///path, zk://host:port/root."),
+]
+
+
+def parse_duration_ms(text: str) -> int:
+    """A duration such as "1h", "30m", "90s", "250ms", "2d" or "1h30m", in milliseconds."""
+    compact = text.strip().replace(" ", "")
+    if compact == "0":
+        return 0
+    parts = _DURATION.findall(compact)
+    if not compact or "".join(number + unit for number, unit in parts) != compact:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration: use a number and a unit (ms, s, m, h, d), e.g. 1h or 90s"
+        )
+    return sum(int(number) * _UNITS_MS[unit] for number, unit in parts)
+
+
+@app.command("snapshot")
+def snapshot(
+    metadata: MetadataOption,
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the snapshot into.")],
+) -> None:
+    """Export the cluster's metadata and every bookie's availability as Parquet."""
+    from tally.audit.snapshot import take_snapshot
+
+    with _progress() as progress, _failures():
+        summary = asyncio.run(take_snapshot(metadata, out, progress=progress))
+    _print_counts("snapshot", summary.get("counts", {}))
+    _out.print(f"snapshot written to {out}", markup=False)
+
+
+@app.command("run")
+def run(
+    snapshot: Annotated[Path, typer.Option("--snapshot", help="A snapshot directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for violations and the report.")],
+    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
+    grace_period: Annotated[
+        str, typer.Option(help="How long a ledger may stay marked under-replicated: 1h, 30m.")
+    ] = "1h",
+    min_racks: Annotated[
+        int, typer.Option(min=1, help="Racks every write set must span (capped at WQ).")
+    ] = 2,
+) -> None:
+    """Check every closed ledger of a snapshot on Spark; write violations and a report.
+
+    A Spark session already running in this process is used (and left running).
+    """
+    from pyspark.sql import SparkSession
+
+    from tally.audit.checks import run_audit, spark_session
+
+    grace_period_ms = parse_duration_ms(grace_period)
+    with _failures():
+        started_here = SparkSession.getActiveSession() is None
+        with _err.status(f"starting Spark ({master})"):
+            spark = spark_session(master)
+        try:
+            with _err.status(f"auditing {snapshot}"):
+                summary = run_audit(
+                    spark, snapshot, out, grace_period_ms=grace_period_ms, min_racks=min_racks
+                )
+        finally:
+            if started_here:
+                spark.stop()
+    _print_summary(summary)
+    _out.print(f"report: {out / schema.REPORT_HTML}", markup=False)
+
+
+@app.command("confirm")
+def confirm(
+    report: Annotated[Path, typer.Option("--report", help="The output directory of a run.")],
+    metadata: MetadataOption,
+) -> None:
+    """Re-check each reported ledger against the live cluster and drop what has changed."""
+    from tally.audit.confirm import confirm as confirm_report
+
+    params = _run_params(report)
+    with _progress() as progress, _failures():
+        summary = asyncio.run(
+            confirm_report(
+                report,
+                metadata,
+                progress=progress,
+                grace_period_ms=params.get("grace_period_ms"),
+                min_racks=params.get("min_racks", 2),
+            )
+        )
+    table = Table(box=box.SIMPLE, title="confirmed findings")
+    table.add_column("category")
+    table.add_column("confirmed", justify="right")
+    for category, count in summary.get("categories", {}).items():
+        table.add_row(category, f"{count:,}")
+    _out.print(table)
+    _out.print(
+        f"{summary.get('confirmed', 0):,} findings confirmed, {summary.get('dropped', 0):,} "
+        "dropped as changed since the snapshot",
+        markup=False,
+    )
+
+
+@app.command("synth")
+def synth(
+    ledgers: Annotated[int, typer.Option(min=0, help="Ledgers to generate.")],
+    bookies: Annotated[int, typer.Option(min=1, help="Bookies in the cluster.")],
+    racks: Annotated[int, typer.Option(min=1, help="Racks they stand in.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the snapshot into.")],
+    faults: Annotated[
+        str, typer.Option(help='Faults to inject: "kind=count,...", or "default".')
+    ] = "",
+    seed: Annotated[int, typer.Option(min=0, help="Seed: the same seed, the same bytes.")] = 0,
+) -> None:
+    """Write a synthetic snapshot with known faults (listed in truth.json)."""
+    from tally.audit.synth import synthesize
+
+    with _progress() as progress, _failures():
+        summary = synthesize(
+            out,
+            ledgers=ledgers,
+            bookies=bookies,
+            racks=racks,
+            faults=faults,
+            seed=seed,
+            progress=progress,
+        )
+    _print_counts("synthetic snapshot", summary.get("counts", {}))
+    _out.print(f"snapshot and truth.json written to {out}", markup=False)
+
+
+@contextlib.contextmanager
+def _failures() -> Iterator[None]:
+    """A tally error ends the command with its message and status 1, not a traceback."""
+    try:
+        yield
+    except TallyError as error:
+        _err.print(f"error: {error}", markup=False)
+        raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str, int, int | None], None]]:
+    """A progress callback (stage, done, total) drawing one bar per stage."""
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=False,
+    )
+    tasks: dict[str, Any] = {}
+
+    def report(stage: str, done: int, total: int | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total)
+        bars.update(tasks[stage], completed=done, total=total)
+
+    with bars:
+        yield report
+
+
+def _run_params(report: Path) -> dict[str, Any]:
+    """The parameters a run recorded in its summary.json, if it can be read."""
+    try:
+        params = json.loads((report / schema.SUMMARY_JSON).read_text()).get("params", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return params if isinstance(params, dict) else {}
+
+
+def _print_counts(title: str, counts: Mapping[str, Any]) -> None:
+    table = Table(box=box.SIMPLE, title=title)
+    table.add_column("rows of")
+    table.add_column("count", justify="right")
+    for name, count in counts.items():
+        table.add_row(name, f"{count:,}" if isinstance(count, int) else str(count))
+    _out.print(table)
+
+
+def _print_summary(summary: Mapping[str, Any]) -> None:
+    table = Table(box=box.SIMPLE, title="audit findings")
+    table.add_column("category")
+    table.add_column("count", justify="right")
+    for category, count in summary["categories"].items():
+        style = "bold red" if count else "green"
+        table.add_row(category, f"[{style}]{count:,}[/]")
+    _out.print(table)
+    timings = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in summary["timings"].items())
+    _out.print(f"{summary['ledgers_checked']:,} ledgers checked ({timings})", markup=False)

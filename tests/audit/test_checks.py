@@ -1,0 +1,409 @@
+"""The Spark audit on a real local session: hand-made snapshots with one ledger per case, and
+synthetic ones checked against their truth.json and against `audit_ledger`, ledger by ledger."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from tally.audit import schema
+from tally.audit.checks import run_audit
+from tally.audit.synth import ledger_key, synthesize
+from tally.cli.audit import app, parse_duration_ms
+from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
+from tally.core.ledger_audit import Category, audit_ledger
+from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.schedule import write_set
+
+NOW = 1_700_000_000_000
+HOUR = 3_600_000
+SCOPE = schema.to_int64((1 << 63) + 5)
+RACKS = {f"b{i}": f"/r{i % 3}" for i in range(8)}
+BOOKIE_ROWS = [
+    {"bookie_id": b, "rack": rack, "state": "writable", "responded": b != "b6"}
+    for b, rack in RACKS.items()
+    if b != "b7"
+] + [{"bookie_id": "b7", "rack": "/r1", "state": "unregistered", "responded": False}]
+
+
+@dataclass
+class Case:
+    """A ledger of a hand-made snapshot; its bookies hold what the schedule says, then
+    `lose` and `gain` change that."""
+
+    ledger_id: int
+    ensembles: list[tuple[str, ...]]
+    last: int
+    firsts: list[int] = field(default_factory=lambda: [0])
+    wq: int = 2
+    aq: int = 2
+    state: str = "CLOSED"
+    since: int | None = None
+    scope: int = 0
+    lose: dict[str, set[int]] = field(default_factory=dict)
+    gain: dict[str, set[int]] = field(default_factory=dict)
+    reports: dict[str, bytes] = field(default_factory=dict)
+
+    def held(self) -> dict[str, set[int]]:
+        held: dict[str, set[int]] = {b: set() for ensemble in self.ensembles for b in ensemble}
+        ends = [first - 1 for first in self.firsts[1:]] + [self.last]
+        for ensemble, first, last in zip(self.ensembles, self.firsts, ends, strict=True):
+            for entry in range(first, last + 1):
+                for position in write_set(entry, len(ensemble), self.wq):
+                    held[ensemble[position]].add(entry)
+        for bookie, entries in self.lose.items():
+            held[bookie] -= entries
+        for bookie, entries in self.gain.items():
+            held[bookie] = held.get(bookie, set()) | entries
+        return held
+
+
+ABC = ("b0", "b1", "b2")
+CASES = [
+    Case(1, [ABC, ("b0", "b1", "b5")], 99, firsts=[0, 50]),
+    Case(2, [ABC], 29, lose={"b1": {7}, "b2": {7}}),
+    Case(3, [ABC], 29, lose={"b2": {10}}),
+    Case(4, [ABC], 29, wq=3, lose={"b0": {3}}),
+    Case(5, [ABC], 29, since=NOW - 2 * HOUR),
+    Case(6, [ABC], 29, since=NOW - HOUR // 6, lose={"b1": set(range(30))}),
+    Case(7, [("b0", "b3", "b1")], 29),
+    Case(8, [("b0", "b3", "b1")], 29, wq=3),
+    Case(9, [("b6", "b1", "b2")], 29),
+    Case(10, [ABC], 29, gain={"b2": {0}, "b5": {1, 2}}),
+    Case(11, [ABC], -1, state="OPEN"),
+    Case(12, [ABC], -1),
+    Case(schema.to_int64((1 << 64) - 1), [("b3", "b4", "b5")], 49, scope=SCOPE),
+    Case(14, [ABC], 9, reports={"b1": b"xx"}),
+]
+ORPHANS = [("b0", 0, 99, {0, 1, 2}), ("b1", 0, 99, {0, 1, 2}), ("b4", SCOPE, 77, {5})]
+IGNORED = [("b6", 0, 98, {0})]  # b6 did not respond: its dump is not judged
+
+
+def write_snapshot(root: Path, cases: list[Case], strays: list[Any], created_ms: int = NOW) -> Path:
+    ledgers: list[dict[str, Any]] = []
+    segments: list[dict[str, Any]] = []
+    availability: list[dict[str, Any]] = []
+    for case in cases:
+        ledgers.append(
+            {
+                "scope": case.scope,
+                "ledger_id": case.ledger_id,
+                "state": case.state,
+                "ensemble_size": len(case.ensembles[0]),
+                "write_quorum": case.wq,
+                "ack_quorum": case.aq,
+                "last_entry_id": case.last,
+                "length": max(case.last + 1, 0),
+                "ctime_ms": 0,
+                "digest_type": "CRC32C",
+                "underreplicated_since_ms": case.since,
+            }
+        )
+        ends = [first - 1 for first in case.firsts[1:]] + [case.last]
+        for index, (first, last, ensemble) in enumerate(
+            zip(case.firsts, ends, case.ensembles, strict=True)
+        ):
+            segments.append(
+                {
+                    "scope": case.scope,
+                    "ledger_id": case.ledger_id,
+                    "segment_index": index,
+                    "first_entry_id": first,
+                    "last_entry_id": last,
+                    "ensemble": list(ensemble),
+                }
+            )
+        for bookie, entries in case.held().items():
+            report = case.reports.get(bookie, EntryAvailability.from_entries(entries).to_bytes())
+            if entries or bookie in case.reports:
+                availability.append(_availability(bookie, case.scope, case.ledger_id, report))
+    for bookie, scope, ledger_id, entries in strays:
+        report = EntryAvailability.from_entries(entries).to_bytes()
+        availability.append(_availability(bookie, scope, ledger_id, report))
+    for name, rows, table_schema in (
+        (schema.LEDGERS, ledgers, schema.LEDGERS_SCHEMA),
+        (schema.SEGMENTS, segments, schema.SEGMENTS_SCHEMA),
+        (schema.BOOKIES, BOOKIE_ROWS, schema.BOOKIES_SCHEMA),
+        (schema.AVAILABILITY, availability, schema.AVAILABILITY_SCHEMA),
+    ):
+        (root / name).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows, table_schema), root / name / "part-0.parquet")
+    (root / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": created_ms}))
+    return root
+
+
+def _availability(bookie: str, scope: int, ledger_id: int, report: bytes) -> dict[str, Any]:
+    return {"bookie_id": bookie, "scope": scope, "ledger_id": ledger_id, "availability": report}
+
+
+def _rows(out: Path) -> set[tuple[Any, ...]]:
+    return {
+        (r["category"], r["scope"], r["ledger_id"], r["segment_index"], r["bookie_id"],
+         r["missing_count"])
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_snapshot(tmp_path_factory.mktemp("handmade"), CASES, ORPHANS + IGNORED)
+
+
+@pytest.fixture(scope="module")
+def audited(spark: SparkSession, handmade: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("out")
+    return out, run_audit(spark, handmade, out, grace_period_ms=HOUR, min_racks=2)
+
+
+def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -> None:
+    out, summary = audited
+    assert _rows(out) == {
+        ("no_replica", 0, 2, 0, "b1", 1),
+        ("no_replica", 0, 2, 0, "b2", 1),
+        ("below_ack_quorum", 0, 3, 0, "b2", 1),
+        ("below_write_quorum", 0, 4, 0, "b0", 1),
+        ("underreplicated_too_long", 0, 5, None, None, None),
+        ("placement_fail", 0, 7, 0, None, None),
+        ("placement_soft", 0, 8, 0, None, None),
+        ("potentially_faulty", 0, 9, None, "b6", None),
+        ("misplaced_entry", 0, 10, 0, "b2", 1),
+        ("misplaced_entry", 0, 10, 0, "b5", 2),
+        ("potentially_faulty", 0, 14, None, "b1", None),
+        ("orphan_data", 0, 99, None, "b0", 3),
+        ("orphan_data", 0, 99, None, "b1", 3),
+        ("orphan_data", SCOPE, 77, None, "b4", 1),
+        ("unresponsive_registered_bookie", None, None, None, "b6", None),
+    }
+    assert summary["categories"] == {
+        "no_replica": 1,
+        "below_ack_quorum": 1,
+        "below_write_quorum": 1,
+        "underreplicated_too_long": 1,
+        "placement_fail": 1,
+        "placement_soft": 1,
+        "unresponsive_registered_bookie": 1,
+        "potentially_faulty": 2,
+        "orphan_data": 2,
+        "misplaced_entry": 1,
+    }
+    assert summary["ledgers_checked"] == 12
+    assert set(summary["timings"]) == {"read", "audit", "summary", "total", "report"}
+    assert summary["params"]["now_ms"] == NOW
+    assert json.loads((out / schema.SUMMARY_JSON).read_text()) == summary
+    assert (out / schema.REPORT_HTML).stat().st_size > 1000
+
+
+def test_details_name_the_evidence(audited: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = audited
+    details = {
+        (r["ledger_id"], r["category"], r["bookie_id"]): r["detail"]
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+    }
+    assert details[99, "orphan_data", "b0"] == (
+        "bookie b0 holds 3 entries of ledger 99, a ledger the metadata does not have"
+    )
+    assert details[77, "orphan_data", "b4"] == (
+        f"bookie b4 holds 1 entries of ledger {(1 << 63) + 5:016x}{77:016x}, a ledger the "
+        "metadata does not have"
+    )
+    assert details[14, "potentially_faulty", "b1"].startswith(
+        "bookie b1 of segment(s) 0 did not report its entries; its copies are not judged "
+        "(its report does not decode: entry availability truncated"
+    )
+    assert details[None, "unresponsive_registered_bookie", "b6"] == (
+        "bookie b6 (rack /r0) is registered writable but did not answer the availability dump"
+    )
+
+
+def test_violations_have_the_contract_schema(audited: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = audited
+    assert pq.read_schema(next((out / schema.VIOLATIONS).glob("*.parquet"))).equals(
+        schema.VIOLATIONS_SCHEMA
+    )
+
+
+def test_ledgers_split_across_arrow_batches_are_judged_whole(
+    spark: SparkSession, handmade: Path, audited: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "3")
+    try:
+        run_audit(spark, handmade, tmp_path, grace_period_ms=HOUR, min_racks=2)
+    finally:
+        spark.conf.set(key, before)
+    assert _rows(tmp_path) == _rows(audited[0])
+
+
+def test_the_grace_period_and_min_racks_change_the_verdict(
+    spark: SparkSession, handmade: Path, tmp_path: Path
+) -> None:
+    summary = run_audit(spark, handmade, tmp_path, grace_period_ms=3 * HOUR, min_racks=1)
+    assert summary["categories"]["underreplicated_too_long"] == 0
+    assert summary["categories"]["placement_fail"] == 0
+    assert summary["categories"]["placement_soft"] == 2  # ledger 7 is now soft too
+    summary = run_audit(
+        spark, handmade, tmp_path, grace_period_ms=0, min_racks=2, now_ms=NOW + 3 * HOUR
+    )
+    assert summary["categories"]["underreplicated_too_long"] == 2
+
+
+def test_a_snapshot_row_that_is_no_valid_ledger_stops_the_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    bad = Case(5, [ABC], 29, firsts=[1])
+    snapshot = write_snapshot(tmp_path / "snapshot", [bad], [])
+    with pytest.raises(Exception, match=r"snapshot: ledger 5: the first segment starts at entry 1"):
+        run_audit(spark, snapshot, tmp_path / "out", grace_period_ms=HOUR, min_racks=2)
+
+
+def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="grace period -1 ms is negative"):
+        run_audit(spark, handmade, tmp_path, grace_period_ms=-1, min_racks=2)
+    with pytest.raises(Exception, match="min racks must be at least 1"):
+        run_audit(spark, handmade, tmp_path, grace_period_ms=0, min_racks=0)
+
+
+# -- synthetic snapshots --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("synthetic") / "snapshot"
+    synthesize(out, ledgers=4000, bookies=20, racks=3, faults="default", seed=3)
+    return out
+
+
+def test_a_synthetic_snapshot_is_found_exactly_as_injected(
+    spark: SparkSession, synthetic: Path, tmp_path: Path
+) -> None:
+    truth = json.loads((synthetic / schema.TRUTH_JSON).read_text())
+    summary = run_audit(
+        spark, synthetic, tmp_path, grace_period_ms=truth["grace_period_ms"], min_racks=2
+    )
+    found: dict[str, set[str]] = {category.value: set() for category in Category}
+    for row in pq.read_table(tmp_path / schema.VIOLATIONS).to_pylist():
+        key = (
+            row["bookie_id"]
+            if row["ledger_id"] is None
+            else ledger_key(row["scope"], row["ledger_id"])
+        )
+        found[row["category"]].add(key)
+    assert found == {name: set(keys) for name, keys in truth["categories"].items()}
+    assert summary["categories"] == {name: len(keys) for name, keys in truth["categories"].items()}
+    assert found["potentially_faulty"], "the snapshot should exercise silent bookies"
+
+    # The batch path and the per-ledger check agree on every ledger, word for word.
+    assert _ledger_rows(pq.read_table(tmp_path / schema.VIOLATIONS)) == _one_by_one(
+        synthetic, truth["now_ms"], truth["grace_period_ms"]
+    )
+
+
+def _ledger_rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r["scope"], r["ledger_id"], r["category"], r["segment_index"], r["bookie_id"],
+         r["missing_count"], r["detail"])
+        for r in table.to_pylist()
+        if r["category"] not in ("orphan_data", "unresponsive_registered_bookie")
+    )  # fmt: skip
+
+
+def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple[Any, ...]]:
+    """`audit_ledger` on each closed ledger of the snapshot, built with plain Python."""
+    bookies = pq.read_table(snapshot / schema.BOOKIES).to_pylist()
+    racks = {b["bookie_id"]: b["rack"] for b in bookies}
+    responded = {b["bookie_id"] for b in bookies if b["responded"]}
+    segments: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in pq.read_table(snapshot / schema.SEGMENTS).to_pylist():
+        segments.setdefault((row["scope"], row["ledger_id"]), []).append(row)
+    held: dict[tuple[int, int], dict[str, EntryAvailability]] = {}
+    for row in pq.read_table(snapshot / schema.AVAILABILITY).to_pylist():
+        if row["bookie_id"] in responded:
+            report = EntryAvailability.from_bytes(row["availability"])
+            held.setdefault((row["scope"], row["ledger_id"]), {})[row["bookie_id"]] = report
+    rows = []
+    for ledger in pq.read_table(snapshot / schema.LEDGERS).to_pylist():
+        if ledger["state"] != "CLOSED" or ledger["last_entry_id"] < 0:
+            continue
+        key = (ledger["scope"], ledger["ledger_id"])
+        parts = sorted(segments[key], key=lambda row: row["segment_index"])
+        metadata = LedgerMetadata(
+            state=LedgerState.CLOSED,
+            ensemble_size=ledger["ensemble_size"],
+            write_quorum=ledger["write_quorum"],
+            ack_quorum=ledger["ack_quorum"],
+            segments=tuple(Segment(p["first_entry_id"], tuple(p["ensemble"])) for p in parts),
+            digest_type=DigestType[ledger["digest_type"]],
+            master_key=bytes(32),
+            ctime_ms=ledger["ctime_ms"],
+            creator_token=b"",
+            last_entry_id=ledger["last_entry_id"],
+            length=ledger["length"],
+        )
+        availability = {b: EntryAvailability.empty() for b in metadata.bookies() & responded}
+        availability |= held.get(key, {})
+        for v in audit_ledger(
+            metadata,
+            availability,
+            racks=racks,
+            min_racks=2,
+            underreplicated_since_ms=ledger["underreplicated_since_ms"],
+            now_ms=now_ms,
+            grace_period_ms=grace_period_ms,
+        ):
+            rows.append(
+                (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail)
+            )
+    return sorted(rows)
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [("1h", HOUR), ("30m", 1_800_000), ("90s", 90_000), ("250ms", 250), ("1h30m", 5_400_000),
+     ("2d", 172_800_000), ("0", 0)],
+)  # fmt: skip
+def test_durations_parse_into_milliseconds(text: str, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "1", "h", "1x", "-1h", "1.5h", "1h 2"])
+def test_durations_without_a_unit_are_refused(text: str) -> None:
+    with pytest.raises(typer.BadParameter, match="is not a duration"):
+        parse_duration_ms(text)
+
+
+def test_the_command_line_runs_the_audit_end_to_end(
+    spark: SparkSession, handmade: Path, tmp_path: Path
+) -> None:
+    done = CliRunner().invoke(
+        app,
+        ["run", "--snapshot", str(handmade), "--out", str(tmp_path), "--grace-period", "1h",
+         "--min-racks", "2"],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "12 ledgers checked" in done.output
+    assert f"report: {tmp_path / schema.REPORT_HTML}" in done.output
+    summary = json.loads((tmp_path / schema.SUMMARY_JSON).read_text())
+    assert summary["categories"]["orphan_data"] == 2
+    assert SparkSession.getActiveSession() is spark, "the test's session is left running"
+
+
+def test_the_command_line_refuses_a_bad_duration(handmade: Path, tmp_path: Path) -> None:
+    done = CliRunner().invoke(
+        app, ["run", "--snapshot", str(handmade), "--out", str(tmp_path), "--grace-period", "1"]
+    )
+    assert done.exit_code != 0
+    assert "is not a duration" in done.output

@@ -1,0 +1,332 @@
+"""`take_snapshot` against real bookie processes: every ledger, segment, bookie and copy is
+exported as the metadata and the bookies have it; a bookie that cannot be reached, answers
+nothing, or breaks off its dump midway is recorded as not responding, with no partial rows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import tally
+from tally.audit import schema, snapshot
+from tally.audit.snapshot import take_snapshot
+from tally.client.bookie_connection import BookieConnection
+from tally.core.availability import EntryAvailability
+from tally.core.errors import BadRequest
+from tally.core.ids import LedgerId
+from tally.core.protocol import (
+    AvailabilityDumpEncoder,
+    AvailabilityDumpRequest,
+    LedgerAvailability,
+    RequestReader,
+)
+from tally.core.schedule import expected_entries
+from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
+from tally.metadata.cluster import read_cluster
+from tally.metadata.store import open_store
+from tally.metadata.underreplication import UnderReplicationManager
+from tests.support.cluster import Cluster, eventually_writable, running_cluster
+from tests.support.processes import free_port
+
+BOOKIES = 3
+CONFIG = tally.ClientConfig(explicit_lac_interval=0)
+MARKED_MS = 1_234_567
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("snapshot"), BOOKIES) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def written(cluster: Cluster) -> dict[LedgerId, int]:
+    """Ledgers of several shapes, all closed but the last, with the entries written to each."""
+    return asyncio.run(_write(cluster))
+
+
+async def _write(cluster: Cluster) -> dict[LedgerId, int]:
+    written: dict[LedgerId, int] = {}
+    async with tally.Client(cluster.uri, config=CONFIG) as client:
+        for quorums, entries, scope in (
+            ((3, 2, 2), 40, None),
+            ((3, 3, 2), 7, None),
+            ((3, 2, 1), 1, 2**63 + 5),  # a 128-bit id whose scope has the sign bit
+            ((2, 2, 2), 0, None),  # closed empty
+        ):
+            e, wq, aq = quorums
+            writer = await client.create_ledger(
+                ensemble_size=e, write_quorum=wq, ack_quorum=aq, scope=scope
+            )
+            for i in range(entries):
+                await writer.append(b"entry %d" % i)
+            await writer.close()
+            written[writer.ledger_id] = entries
+        still_open = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        for i in range(5):
+            await still_open.append(b"open %d" % i)
+        written[still_open.ledger_id] = 5
+        marks = UnderReplicationManager(client.context.ledgers.store)
+        first = next(iter(written))
+        await marks.mark_under_replicated(first, ["somewhere"], now_ms=MARKED_MS)
+        await client.context.registry.set_placement(
+            cluster.bookies[0].address, BookiePlacement("/rack-a", "/zone-1")
+        )
+    return written
+
+
+def _rows(out: Path, name: str) -> list[dict[str, Any]]:
+    return pq.read_table(out / name).to_pylist()
+
+
+def _by_ledger(rows: list[dict[str, Any]]) -> dict[LedgerId, list[dict[str, Any]]]:
+    found: dict[LedgerId, list[dict[str, Any]]] = {}
+    for row in rows:
+        ledger = LedgerId(schema.from_int64(row["scope"]), schema.from_int64(row["ledger_id"]))
+        found.setdefault(ledger, []).append(row)
+    return found
+
+
+def test_snapshot_exports_the_cluster_exactly(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path
+) -> None:
+    out = tmp_path / "snap"
+    progress: list[tuple[str, int, int | None]] = []
+    summary = asyncio.run(
+        take_snapshot(cluster.uri, out, progress=lambda *args: progress.append(args))
+    )
+
+    async def records() -> tuple[str, dict[LedgerId, Any]]:
+        async with tally.Client(cluster.uri) as client:
+            info = await read_cluster(client.context.ledgers.store)
+            assert info is not None
+            found = {
+                ledger: (await client.context.ledgers.read_ledger_metadata(ledger)).metadata
+                for ledger in written
+            }
+            return info.instance_id, found
+
+    instance_id, metadata = asyncio.run(records())
+    assert json.loads((out / schema.SNAPSHOT_JSON).read_text()) == summary
+    assert summary["format_version"] == schema.FORMAT_VERSION
+    assert summary["cluster"] == {"metadata": cluster.uri, "instance_id": instance_id}
+    assert summary["tool"] == {"name": "tally", "version": tally.__version__}
+    for name, expected in (
+        (schema.LEDGERS, schema.LEDGERS_SCHEMA),
+        (schema.SEGMENTS, schema.SEGMENTS_SCHEMA),
+        (schema.BOOKIES, schema.BOOKIES_SCHEMA),
+        (schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA),
+    ):
+        for part in (out / name).glob("*.parquet"):
+            assert pq.read_schema(part).remove_metadata() == expected, part
+
+    ledgers = _by_ledger(_rows(out, schema.LEDGERS))
+    assert set(ledgers) == set(written)
+    assert summary["counts"]["ledgers"] == len(written)
+    marked = next(iter(written))
+    for ledger, [row] in ledgers.items():
+        md = metadata[ledger]
+        assert row == {
+            "scope": schema.to_int64(ledger.scope),
+            "ledger_id": schema.to_int64(ledger.id),
+            "state": md.state.name,
+            "ensemble_size": md.ensemble_size,
+            "write_quorum": md.write_quorum,
+            "ack_quorum": md.ack_quorum,
+            "last_entry_id": md.last_entry_id,
+            "length": md.length,
+            "ctime_ms": md.ctime_ms,
+            "digest_type": md.digest_type.name,
+            "underreplicated_since_ms": MARKED_MS if ledger == marked else None,
+        }
+    assert any(row["scope"] < 0 for [row] in ledgers.values())
+
+    segments = _by_ledger(_rows(out, schema.SEGMENTS))
+    for ledger, rows in segments.items():
+        md = metadata[ledger]
+        assert [
+            (r["segment_index"], r["first_entry_id"], r["last_entry_id"], r["ensemble"])
+            for r in rows
+        ] == [
+            (i, first, -1 if last is None else last, list(s.ensemble))
+            for i, (s, (first, last)) in enumerate(
+                zip(md.segments, md.segment_bounds(), strict=True)
+            )
+        ]
+
+    bookies = {row["bookie_id"]: row for row in _rows(out, schema.BOOKIES)}
+    assert bookies == {
+        b.address: {
+            "bookie_id": b.address,
+            "rack": "/rack-a" if b is cluster.bookies[0] else "/default-rack",
+            "state": "writable",
+            "responded": True,
+        }
+        for b in cluster.bookies
+    }
+
+    availability = _by_ledger(_rows(out, schema.AVAILABILITY))
+    for ledger, entries in written.items():
+        [segment] = metadata[ledger].segments
+        e, wq = metadata[ledger].ensemble_size, metadata[ledger].write_quorum
+        expected = {
+            bookie: held
+            for position, bookie in enumerate(segment.ensemble)
+            if (held := expected_entries(0, entries - 1, e, wq, position))
+        }
+        got = {
+            row["bookie_id"]: EntryAvailability.from_bytes(row["availability"])
+            for row in availability.get(ledger, [])
+        }
+        assert got == expected, ledger
+    assert summary["counts"]["availability"] == sum(len(rows) for rows in availability.values())
+
+    stages = {stage for stage, _, _ in progress}
+    assert stages == {"ledgers"} | {f"bookie {b.address}" for b in cluster.bookies}
+    for bookie in cluster.bookies:
+        done = [(d, t) for s, d, t in progress if s == f"bookie {bookie.address}"]
+        assert (
+            done[-1][0]
+            == done[-1][1]
+            == sum(
+                1
+                for rows in availability.values()
+                for r in rows
+                if r["bookie_id"] == bookie.address
+            )
+        )
+
+    with pytest.raises(BadRequest, match="already holds"):
+        asyncio.run(take_snapshot(cluster.uri, out))
+
+
+@contextlib.asynccontextmanager
+async def fake_bookie(uri: str, behaviour: str) -> AsyncIterator[str]:
+    """A registered bookie that is not there ("absent"), never answers ("silent"), or breaks
+    its availability dump off after a few thousand records ("cut"); yields its id."""
+    loop = asyncio.get_running_loop()
+    port = free_port()
+    server = None
+    if behaviour != "absent":
+        server = await loop.create_server(lambda: _FakeBookie(behaviour), "127.0.0.1", port)
+    bookie_id = f"fake-{behaviour}"
+    store = open_store(uri, session_timeout=60.0)  # a loaded machine must not lose it
+    await store.start()
+    try:
+        await BookieRegistry(store).register(
+            bookie_id, BookieInfo(f"127.0.0.1:{port}", None, "fake", 0)
+        )
+        yield bookie_id
+    finally:
+        await store.close()
+        if server is not None:
+            server.close()
+
+
+class _FakeBookie(asyncio.Protocol):
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.reader = RequestReader()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        for request in self.reader.feed(data):
+            if self.behaviour == "cut" and isinstance(request, AvailabilityDumpRequest):
+                encoder = AvailabilityDumpEncoder(request.request_id, budget=4096)
+                held = EntryAvailability.span(0, 9).to_bytes()
+                for ledger in range(3000):
+                    frame = encoder.add(LedgerAvailability(LedgerId(0, ledger), held))
+                    if frame is not None:
+                        self.transport.write(frame)
+                self.transport.close()
+
+
+@pytest.mark.parametrize("behaviour", ["absent", "silent", "cut"])
+def test_a_registered_bookie_that_does_not_respond_leaves_no_rows(
+    cluster: Cluster,
+    written: dict[LedgerId, int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    behaviour: str,
+) -> None:
+    monkeypatch.setattr(snapshot, "ROW_BATCH", 100)  # so "cut" has written parts to undo
+    out = tmp_path / "snap"
+
+    async def run() -> tuple[str, dict[str, Any]]:
+        async with fake_bookie(cluster.uri, behaviour) as bookie_id:
+            return bookie_id, await take_snapshot(cluster.uri, out, bookie_timeout=1.0)
+
+    bookie_id, summary = asyncio.run(run())
+    bookies = {row["bookie_id"]: row for row in _rows(out, schema.BOOKIES)}
+    assert bookies[bookie_id] == {
+        "bookie_id": bookie_id,
+        "rack": "/default-rack",
+        "state": "writable",
+        "responded": False,
+    }
+    assert all(bookies[b.address]["responded"] for b in cluster.bookies)
+    rows = _rows(out, schema.AVAILABILITY)
+    assert {row["bookie_id"] for row in rows} == {b.address for b in cluster.bookies}
+    assert len(list((out / schema.AVAILABILITY).glob("*.parquet"))) == BOOKIES
+    assert summary["counts"]["availability"] == len(rows)
+    assert summary["counts"]["bookies_responded"] == BOOKIES
+    assert set(summary["unresponsive_bookies"]) == {bookie_id}
+
+
+def test_a_dead_bookie_is_unregistered_and_not_asked(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path
+) -> None:
+    victim = cluster.bookies[-1]
+    cluster.kill(victim.address)
+    try:
+        others = {b.address for b in cluster.bookies if b is not victim}
+        asyncio.run(eventually_writable(cluster.uri, others))
+        out = tmp_path / "snap"
+        summary = asyncio.run(take_snapshot(cluster.uri, out))
+        bookies = {row["bookie_id"]: row for row in _rows(out, schema.BOOKIES)}
+        assert bookies[victim.address]["state"] == "unregistered"
+        assert bookies[victim.address]["responded"] is False
+        assert summary["unresponsive_bookies"] == {}
+        rows = _rows(out, schema.AVAILABILITY)
+        assert rows
+        assert victim.address not in {row["bookie_id"] for row in rows}
+    finally:
+        cluster.restore()
+
+
+def test_the_dump_agrees_with_get_list_of_entries(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path
+) -> None:
+    """The two ways to ask a bookie what it holds give the same bytes' meaning."""
+    out = tmp_path / "snap"
+    asyncio.run(take_snapshot(cluster.uri, out))
+    rows = _rows(out, schema.AVAILABILITY)
+
+    async def ask() -> None:
+        for bookie in cluster.bookies:
+            connection = await BookieConnection.connect(bookie.address)
+            try:
+                for row in rows:
+                    if row["bookie_id"] != bookie.address:
+                        continue
+                    ledger = LedgerId(
+                        schema.from_int64(row["scope"]), schema.from_int64(row["ledger_id"])
+                    )
+                    held = await connection.get_list_of_entries(ledger)
+                    assert held == EntryAvailability.from_bytes(row["availability"])
+            finally:
+                await connection.close()
+
+    asyncio.run(ask())

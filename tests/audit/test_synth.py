@@ -1,0 +1,351 @@
+"""Synthetic snapshots: exact schema, reproducible, realistic, and a truth.json that an
+independent audit (the core's `check_ledger` and placement policy, ledger by ledger) finds
+exactly, healthy ledgers included."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tally.audit import schema
+from tally.audit.synth import (
+    DEFAULT_FAULTS,
+    FAULT_KINDS,
+    WITHIN_GRACE,
+    expected_encodings,
+    ledger_key,
+    parse_faults,
+    synthesize,
+)
+from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
+from tally.core.durability import check_ledger
+from tally.core.errors import BadRequest
+from tally.core.ledger_audit import Category
+from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.placement import PlacementAdherence, RackAwarePlacementPolicy
+from tally.core.schedule import expected_entries
+
+DATASETS = {
+    schema.LEDGERS: schema.LEDGERS_SCHEMA,
+    schema.SEGMENTS: schema.SEGMENTS_SCHEMA,
+    schema.BOOKIES: schema.BOOKIES_SCHEMA,
+    schema.AVAILABILITY: schema.AVAILABILITY_SCHEMA,
+}
+
+
+@pytest.fixture(scope="module")
+def default_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "snapshot"
+    synthesize(out, ledgers=6000, bookies=24, racks=4, faults="default", seed=11)
+    return out
+
+
+def _read(out: Path, name: str) -> pa.Table:
+    return pq.read_table(out / name)
+
+
+def _truth(out: Path) -> dict[str, Any]:
+    return json.loads((out / schema.TRUTH_JSON).read_text())
+
+
+# -- the independent audit ------------------------------------------------------------------
+
+
+def reference_audit(out: Path) -> dict[str, set[str]]:
+    """Every finding of the snapshot, computed with the core's durability and placement rules
+    directly, one ledger at a time (slow, and independent of `audit_ledger`)."""
+    truth = _truth(out)
+    segments: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in _read(out, schema.SEGMENTS).to_pylist():
+        segments[row["scope"], row["ledger_id"]].append(row)
+    held: dict[tuple[int, int], dict[str, EntryAvailability]] = defaultdict(dict)
+    for row in _read(out, schema.AVAILABILITY).to_pylist():
+        key = row["scope"], row["ledger_id"]
+        assert row["bookie_id"] not in held[key], "one row per bookie and ledger"
+        held[key][row["bookie_id"]] = EntryAvailability.from_bytes(row["availability"])
+    bookies = _read(out, schema.BOOKIES).to_pylist()
+    racks = {b["bookie_id"]: b["rack"] for b in bookies}
+    responded = {b["bookie_id"] for b in bookies if b["responded"]}
+    policy = RackAwarePlacementPolicy(truth["params"]["min_racks"])
+    cluster_racks = len(set(racks.values()))
+    assert cluster_racks == truth["params"]["cluster_racks"]
+
+    found: dict[str, set[str]] = defaultdict(set)
+    known = set()
+    for ledger in _read(out, schema.LEDGERS).to_pylist():
+        key = ledger["scope"], ledger["ledger_id"]
+        known.add(key)
+        if ledger["state"] != "CLOSED" or ledger["last_entry_id"] < 0:
+            continue
+        name = ledger_key(*key)
+        since = ledger["underreplicated_since_ms"]
+        if since is not None:
+            if truth["now_ms"] - since > truth["grace_period_ms"]:
+                found[Category.UNDERREPLICATED_TOO_LONG.value].add(name)
+            continue
+        metadata = _metadata(ledger, segments[key])
+        answered = {
+            bookie: held[key].get(bookie, EntryAvailability.empty())
+            for bookie in metadata.bookies()
+            if bookie in responded
+        }
+        assert set(held[key]) <= metadata.bookies(), "no data outside the ensembles"
+        verdict = check_ledger(metadata, answered)
+        if verdict.category is not None:
+            found[verdict.category.value].add(name)
+        if any(finding.misplaced for finding in verdict.findings):
+            found[Category.MISPLACED_ENTRY.value].add(name)
+        if verdict.potentially_faulty:
+            found[Category.POTENTIALLY_FAULTY.value].add(name)
+        worst = min(
+            policy.adherence(s.ensemble, metadata.write_quorum, racks, cluster_racks)
+            for s in metadata.segments
+        )
+        if worst is PlacementAdherence.FAIL:
+            found[Category.PLACEMENT_FAIL.value].add(name)
+        elif worst is PlacementAdherence.MEETS_SOFT:
+            found[Category.PLACEMENT_SOFT.value].add(name)
+    for key in held.keys() - known:
+        found[Category.ORPHAN_DATA.value].add(ledger_key(*key))
+    found[Category.UNRESPONSIVE_REGISTERED_BOOKIE.value] = {
+        b["bookie_id"] for b in bookies if not b["responded"] and b["state"] != "unregistered"
+    }
+    return {category: keys for category, keys in found.items() if keys}
+
+
+def _metadata(ledger: dict[str, Any], rows: list[dict[str, Any]]) -> LedgerMetadata:
+    rows = sorted(rows, key=lambda row: row["segment_index"])
+    assert [row["segment_index"] for row in rows] == list(range(len(rows)))
+    metadata = LedgerMetadata(
+        state=LedgerState[ledger["state"]],
+        ensemble_size=ledger["ensemble_size"],
+        write_quorum=ledger["write_quorum"],
+        ack_quorum=ledger["ack_quorum"],
+        segments=tuple(Segment(row["first_entry_id"], tuple(row["ensemble"])) for row in rows),
+        digest_type=DigestType[ledger["digest_type"]],
+        master_key=bytes(32),
+        ctime_ms=ledger["ctime_ms"],
+        creator_token=b"",
+        last_entry_id=ledger["last_entry_id"],
+        length=ledger["length"],
+    )
+    bounds = [(first, -1 if last is None else last) for first, last in metadata.segment_bounds()]
+    assert bounds == [(row["first_entry_id"], row["last_entry_id"]) for row in rows]
+    return metadata
+
+
+def _marked_ledgers(out: Path) -> dict[str, dict[str, Any]]:
+    return {
+        ledger_key(row["scope"], row["ledger_id"]): row
+        for row in _read(out, schema.LEDGERS).to_pylist()
+        if row["underreplicated_since_ms"] is not None
+    }
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_the_independent_audit_finds_exactly_the_truth(default_snapshot: Path) -> None:
+    truth = _truth(default_snapshot)
+    expected = {category: set(keys) for category, keys in truth["categories"].items() if keys}
+    assert reference_audit(default_snapshot) == expected
+
+
+def test_every_category_is_injected_with_the_default_spec(default_snapshot: Path) -> None:
+    truth = _truth(default_snapshot)
+    assert set(truth["categories"]) == {category.value for category in Category}
+    assert all(truth["categories"].values()), truth["categories"]
+    wanted = parse_faults(DEFAULT_FAULTS)
+    for kind, count in wanted.items():
+        found = truth[WITHIN_GRACE] if kind == WITHIN_GRACE else truth["categories"][kind]
+        assert len(found) == count, kind
+    for keys in [*truth["categories"].values(), truth[WITHIN_GRACE]]:
+        assert keys == sorted(keys)
+    assert truth["grace_period_ms"] > 0
+    assert truth["params"]["min_racks"] == 2
+
+
+def test_ledgers_marked_within_the_grace_period_really_miss_copies(
+    default_snapshot: Path,
+) -> None:
+    """The grace-period skip is meaningful: those ledgers are damaged, yet not reported."""
+    truth = _truth(default_snapshot)
+    marked = _marked_ledgers(default_snapshot)
+    assert set(truth[WITHIN_GRACE]) | set(truth["categories"]["underreplicated_too_long"]) == set(
+        marked
+    )
+    segments: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in _read(default_snapshot, schema.SEGMENTS).to_pylist():
+        segments[row["scope"], row["ledger_id"]].append(row)
+    held: dict[tuple[int, int], dict[str, EntryAvailability]] = defaultdict(dict)
+    for row in _read(default_snapshot, schema.AVAILABILITY).to_pylist():
+        held[row["scope"], row["ledger_id"]][row["bookie_id"]] = EntryAvailability.from_bytes(
+            row["availability"]
+        )
+    for name in truth[WITHIN_GRACE]:
+        ledger = marked[name]
+        key = ledger["scope"], ledger["ledger_id"]
+        metadata = _metadata(ledger, segments[key])
+        answered = {b: held[key].get(b, EntryAvailability.empty()) for b in metadata.bookies()}
+        assert check_ledger(metadata, answered).category is not None
+        assert 0 < truth["now_ms"] - ledger["underreplicated_since_ms"] <= truth["grace_period_ms"]
+
+
+def test_every_dataset_has_exactly_the_contract_schema(default_snapshot: Path) -> None:
+    for name, expected in DATASETS.items():
+        parts = sorted((default_snapshot / name).glob("*.parquet"))
+        assert parts, name
+        for part in parts:
+            assert pq.read_schema(part).remove_metadata() == expected, part
+    table = _read(default_snapshot, schema.AVAILABILITY)
+    assert table.num_rows > 0
+    for row in table.slice(0, 200).to_pylist():
+        EntryAvailability.from_bytes(row["availability"])  # decodes, canonical or not
+    snapshot = json.loads((default_snapshot / schema.SNAPSHOT_JSON).read_text())
+    assert snapshot["format_version"] == schema.FORMAT_VERSION
+    assert snapshot["created_ms"] == _truth(default_snapshot)["now_ms"]
+    assert snapshot["counts"]["ledgers"] == _read(default_snapshot, schema.LEDGERS).num_rows
+    assert snapshot["counts"]["availability"] == table.num_rows
+
+
+def test_the_cluster_looks_real(default_snapshot: Path) -> None:
+    ledgers = _read(default_snapshot, schema.LEDGERS).to_pandas()
+    closed = ledgers[ledgers.state == "CLOSED"]
+    entries = closed.last_entry_id + 1
+    assert entries.median() < 100 < entries.max(), "most small, a heavy tail"
+    assert set(ledgers.state) == {"CLOSED", "OPEN", "IN_RECOVERY"}
+    open_ids = set(zip(ledgers[ledgers.state != "CLOSED"].ledger_id, strict=True))
+    assert (ledgers[ledgers.state != "CLOSED"].last_entry_id == -1).all()
+    assert (closed.last_entry_id == -1).any(), "some empty closed ledgers"
+    mixes = set(zip(ledgers.ensemble_size, ledgers.write_quorum, ledgers.ack_quorum, strict=True))
+    assert {(3, 3, 2), (3, 2, 2)} <= mixes
+    assert (ledgers.scope < 0).any(), "128-bit ids, with the sign bit set"
+    assert (ledgers.scope == 0).mean() > 0.9, "mostly classic 64-bit ids"
+    segments = _read(default_snapshot, schema.SEGMENTS).to_pandas()
+    per_ledger = segments.groupby(["scope", "ledger_id"]).size()
+    assert 2.0 < per_ledger.mean() < 3.5
+    assert len(per_ledger) == len(ledgers)
+    open_segments = segments[segments.ledger_id.isin({i for (i,) in open_ids})]
+    last_of_open = open_segments.groupby(["scope", "ledger_id"]).last_entry_id.last()
+    assert (last_of_open == -1).all()
+    bookies = _read(default_snapshot, schema.BOOKIES).to_pandas()
+    assert set(bookies.state) == {"writable", "readonly"}
+    assert bookies.rack.nunique() == 4
+
+
+def test_the_same_seed_gives_the_same_snapshot(tmp_path: Path) -> None:
+    def make(name: str, seed: int) -> Path:
+        out = tmp_path / name
+        synthesize(out, ledgers=1500, bookies=15, racks=5, faults="default", seed=seed)
+        return out
+
+    one, two, other = make("one", 5), make("two", 5), make("other", 6)
+    for name in DATASETS:
+        assert _read(one, name).equals(_read(two, name)), name
+    assert _truth(one) == _truth(two)
+    assert not _read(one, schema.AVAILABILITY).equals(_read(other, schema.AVAILABILITY))
+    assert _truth(one)["categories"] != _truth(other)["categories"]
+
+
+def test_a_snapshot_without_faults_has_no_findings(tmp_path: Path) -> None:
+    progress: list[tuple[str, int, int | None]] = []
+    out = tmp_path / "clean"
+    synthesize(
+        out,
+        ledgers=2500,
+        bookies=12,
+        racks=3,
+        seed=2,
+        progress=lambda *args: progress.append(args),
+    )
+    assert reference_audit(out) == {}
+    assert not any(_truth(out)["categories"].values())
+    assert progress[-1] == ("ledgers", 2500, 2500)
+
+
+def test_an_empty_snapshot_still_has_every_schema(tmp_path: Path) -> None:
+    out = tmp_path / "empty"
+    synthesize(out, ledgers=0, bookies=6, racks=2, faults="orphan_data=1", seed=0)
+    for name, expected in DATASETS.items():
+        assert pq.read_schema(next((out / name).glob("*.parquet"))).remove_metadata() == expected
+    assert _read(out, schema.LEDGERS).num_rows == 0
+    assert reference_audit(out) == {"orphan_data": set(_truth(out)["categories"]["orphan_data"])}
+
+
+def test_faults_that_the_cluster_cannot_hold_are_refused_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "two-racks"
+    with pytest.raises(BadRequest, match="placement_soft needs 3 racks"):
+        synthesize(out, ledgers=100, bookies=8, racks=2, faults="placement_soft=1")
+    assert not out.exists()
+    with pytest.raises(BadRequest, match="do not fit"):
+        synthesize(out, ledgers=2, bookies=8, racks=2, faults="no_replica=3")
+    with pytest.raises(BadRequest, match="racks"):
+        synthesize(out, ledgers=10, bookies=8, racks=1)
+
+
+def test_an_existing_snapshot_is_not_overwritten(default_snapshot: Path) -> None:
+    with pytest.raises(BadRequest, match="already holds"):
+        synthesize(default_snapshot, ledgers=10, bookies=6, racks=2)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("nonsense=1", "unknown fault"),
+        ("no_replica", "needs a count"),
+        ("no_replica=-1", "needs a count"),
+        ("no_replica=1,no_replica=2", "twice"),
+        ("potentially_faulty=1", "follows from"),
+    ],
+)
+def test_bad_fault_specs_are_refused(spec: str, problem: str) -> None:
+    with pytest.raises(BadRequest, match=problem):
+        parse_faults(spec)
+
+
+def test_fault_specs() -> None:
+    assert parse_faults("") == {}
+    assert parse_faults(" no_replica=2 , orphan_data=0 ") == {"no_replica": 2, "orphan_data": 0}
+    assert set(parse_faults("default")) == set(FAULT_KINDS)
+
+
+def test_ledger_keys_are_the_unsigned_halves() -> None:
+    assert ledger_key(0, 7) == "0:7"
+    assert ledger_key(-1, schema.to_int64(2**63)) == f"{2**64 - 1}:{2**63}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(
+            st.integers(1, 8).flatmap(
+                lambda e: st.tuples(st.just(e), st.integers(1, e), st.integers(0, e - 1))
+            ),
+            st.integers(0, 2**40),
+            st.integers(-1, 3 * 8 + 2) | st.integers(0, 10**7),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_vectorised_encodings_equal_the_core_s(
+    shapes: list[tuple[tuple[int, int, int], int, int]],
+) -> None:
+    rows = np.array(
+        [(first, first + length, e, wq, p) for (e, wq, p), first, length in shapes], np.int64
+    )
+    encodings, holders = expected_encodings(*rows.T)
+    got = dict(zip(holders.tolist(), encodings.to_pylist(), strict=True))
+    for index, (first, last, e, wq, p) in enumerate(rows.tolist()):
+        expected = expected_entries(first, last, e, wq, p)
+        assert got.get(index) == (expected.to_bytes() if expected else None)
