@@ -42,7 +42,13 @@ class AutoRecoveryConfig:
     """Seconds between replicas checks (BookKeeper: 0, off, as its check costs one request
     per entry range; the availability encoding makes it cheap here); 0 turns it off."""
     auditor_replicas_check_mode: str = "online"
-    """`online`: the auditor asks bookies itself; `spark`: it runs the audit pipeline."""
+    """`online`: the auditor asks bookies itself; `spark`: it runs the audit pipeline
+    (snapshot, checks on Spark, confirm) and marks what it confirms."""
+    auditor_spark_master: str = "local[2]"
+    """The Spark master of the pipeline in `spark` mode."""
+    auditor_audit_dir: str = ""
+    """Where `spark` mode keeps its last audits (snapshot, report.html); "" for a
+    directory of its own under the system's temporary directory."""
     auditor_replicas_check_retry_delay: float = 60.0
     """Seconds before a ledger whose bookies did not answer is checked again."""
     underreplicated_ledger_recovery_grace_period: float = 3_600.0

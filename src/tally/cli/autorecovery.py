@@ -19,6 +19,7 @@ from tally.core.errors import TallyError
 
 if TYPE_CHECKING:
     from tally.autorecovery.process import AutoRecoveryProcess
+    from tally.client.client import Client
     from tally.metadata.store import MetadataStore
 
 
@@ -60,7 +61,16 @@ def run(
 async def _serve(settings: AutoRecoveryConfig, name: str) -> None:
     from tally.autorecovery.process import AutoRecoveryProcess  # the client stack, when run
 
-    process = AutoRecoveryProcess(settings, name, admin_http=admin_http)
+    replicas_check = None
+    if settings.auditor_replicas_check_mode == "spark":
+        from tally.audit.in_cluster import SparkReplicasCheck  # Spark, only when asked for
+
+        def replicas_check(client: Client) -> SparkReplicasCheck:
+            return SparkReplicasCheck(client.context, settings)
+
+    process = AutoRecoveryProcess(
+        settings, name, admin_http=admin_http, replicas_check=replicas_check
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: loop.create_task(process.stop()))
