@@ -23,6 +23,12 @@ def test_demo_writes_loses_a_bookie_recovers_and_verifies_every_byte(tmp_path: P
     assert "Ensemble changes" in out
     assert "the old writer's next append: LedgerFenced" in out
     assert out.count("every byte") == 4
+    assert "the auditor marked ledger(s)" in out
+    assert "After re-replication" in out
+    assert "Replicas check of 4 ledgers" in out
+    assert "4 ledgers checked" in out
+    assert "audit verdict: no violation" in out
+    assert list(tmp_path.glob("tally-demo-*/audit/report/report.html"))
     assert "every acknowledged entry was read back intact" in out
     assert "local cluster in" in out
     assert "stopped" in out

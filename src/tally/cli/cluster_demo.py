@@ -6,13 +6,15 @@ a bookie SIGKILLed in the middle of the writes (the writers change their ensembl
 on), one writer abandoned and its ledger recovered by a second client (which fences the
 first), the auditor marking the lost bookie's ledgers and the replication worker copying
 them back to full replication, a replicas check finding nothing missing, every entry read
-back and compared byte for byte, and `tally local stop`.
+back and compared byte for byte, an audit of the whole cluster on Spark (`tally audit
+snapshot` and `tally audit run`, with its HTML report), and `tally local stop`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -68,6 +70,7 @@ def run(data_dir: Path | None = None) -> None:
     try:
         state = DataDir.at(root).require()
         ok = asyncio.run(_exercise(console, state, root))
+        ok = _audit(console, state, root) and ok
     finally:
         _local_stop(console, root, supervisor)
     elapsed = time.monotonic() - started
@@ -113,6 +116,31 @@ def _local_up(console: Console, root: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.2)
     supervisor.send_signal(signal.SIGTERM)
     raise SystemExit(f"the local cluster did not come up in {START_TIMEOUT:.0f}s; see {log.name}")
+
+
+def _audit(console: Console, state: LocalState, root: Path) -> bool:
+    """The cluster's audit on Spark, as an operator runs it: a snapshot, then the checks."""
+    console.print("\n[bold]Audit[/]: the whole cluster's durability, checked on Spark")
+    snapshot, report = root / "audit" / "snapshot", root / "audit" / "report"
+    for args in (
+        ("audit", "snapshot", "--metadata", state.metadata, "--out", str(snapshot)),
+        ("audit", "run", "--snapshot", str(snapshot), "--out", str(report), "--master", "local[2]"),
+    ):
+        console.print(f"$ tally {' '.join(args)}")
+        result = subprocess.run(
+            [sys.executable, "-m", "tally.cli.main", *args],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        console.print(result.stdout.rstrip(), markup=False, highlight=False)
+        if result.returncode != 0:
+            console.print(f"[bold red]tally {args[1]} failed[/]: {result.stderr.strip()[-2000:]}")
+            return False
+    summary = json.loads((report / "summary.json").read_text())
+    clean = all(count == 0 for count in summary["categories"].values())
+    console.print(
+        "audit verdict: " + ("[green]no violation[/]" if clean else "[red]violations found[/]")
+    )
+    return bool(clean)
 
 
 def _local_stop(console: Console, root: Path, supervisor: subprocess.Popen[bytes]) -> None:
