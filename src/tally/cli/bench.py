@@ -29,6 +29,9 @@ DESCRIPTIONS = {
     "bookie": "one bookie: 64 KiB MB/s, 100 B adds/s, p99 at 1,000/s, restart time",
     "client": "three bookies and a client: adds/s, MB/s, latency, open-with-recovery",
     "raw_socket": "the machine's raw framed request/reply rate and loopback MB/s",
+    "replicas_check": "the online replicas check: ledgers/s over 10,000 closed ledgers",
+    "rereplication": "re-replication MB/s after losing a bookie (--mib 1024 for 1 GiB)",
+    "audit": "the Spark audit pipeline on synthetic snapshots: ledgers/s, cost per ledger",
 }
 DEFAULT = ["availability", "protocol", "journal", "bookie", "client"]
 
