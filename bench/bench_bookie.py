@@ -6,7 +6,8 @@ process is the load generator, with `BookieConnection`, on the same 2-core machi
 Figures (issue 4):
 
 - 64 KiB entries, pipelined: sustained MB/s, against the raw rate of appending 64 KiB
-  blocks with fdatasync every 1 MiB to the same disk (goal >= 50 %);
+  blocks with fdatasync every 1 MiB to the same disk, the better of that rate measured
+  before and after the 64 KiB loads (goal >= 50 %);
 - 100-byte entries, pipelined: acknowledged adds/s (goal >= 30,000), beside the machine's
   raw framed request/reply rate over loopback and the client's own ceiling;
 - p99 add latency at a paced 1,000 adds/s, against 2 x the disk's p99 fdatasync latency
@@ -14,7 +15,9 @@ Figures (issue 4):
 - restart time with a 1 GiB journal to replay: checkpoints are held off while ~1 GiB of
   64 KiB entries is written (the bookie's write cache then holds it all in memory), the
   bookie is SIGKILLed and, once its metadata session has expired, restarted with a cold
-  page cache; timed until it prints "ready", with the replay and its checkpoint apart.
+  page cache and the default settings; timed until it prints "ready", with the replay
+  apart, and the checkpoint of the replayed entries that the bookie then runs while it
+  serves timed too.
 
 Each throughput figure runs on a fresh bookie with the default settings, so the sustained
 figures include the checkpoints that the default write cache (64 MiB) triggers; two
@@ -22,8 +25,8 @@ diagnostics run beside them: 64 KiB with checkpoints held off, and 100 B with WI
 in flight. Each also gives the bookie process's CPU time per add (all its threads), which
 other work on a shared machine does not inflate the way it slows the rates; the CPU
 pressure printed with the table says how shared the machine was. Entries are encoded
-before the timed window for 100-byte entries (so the client's CPU is the connection's, as
-in bench/raw_socket.py), on the fly for 64 KiB ones.
+before the timed window (so the client's CPU is the connection's, as in
+bench/raw_socket.py): the load generator shares the two cores with the bookie.
 
     python bench/bench_bookie.py [--dir D] [--quick] [--profile]
 
@@ -236,6 +239,11 @@ def entries(ledger_id: LedgerId, size: int) -> Iterator[bytes]:
         entry_id += 1
 
 
+def encoded(ledger_id: LedgerId, size: int, count: int) -> Iterator[bytes]:
+    """The entries `pipelined` sends for `count` adds (its warm-up's too), encoded now."""
+    return iter(list(islice(entries(ledger_id, size), count + count // 10)))
+
+
 async def pipelined(address: str, load: Iterator[bytes], window: int, count: int) -> float:
     """Seconds to have `count` adds acknowledged, `window` in flight, after a warm-up of a
     tenth as many."""
@@ -352,22 +360,28 @@ def measure(metadata: str, scratch: Path, sizes: Sizes, profile: Path | None) ->
             profile=profile.with_suffix(f".{name}"),
         )
 
-    # Each disk reference just before its figure: on a shared machine the disk's rate and
-    # tail change by the minute.
-    figures["raw_append_64k_mb_per_s"] = raw_append(scratch, 256 * MIB)
+    # Each disk reference next to its figure: on a shared machine the disk's rate and tail
+    # change by the minute. The raw append rate swung six-fold between runs minutes apart,
+    # so it is measured before and after the 64 KiB loads, and the better of the two is
+    # the limit the bookie is held to.
+    before = raw_append(scratch, 256 * MIB)
     for name, settings in (("large", None), ("large-deferred", NO_CHECKPOINTS)):
         with running(bookie(name, settings)) as server:
-            load = entries(LedgerId(0, 1), LARGE)
+            load = encoded(LedgerId(0, 1), LARGE, sizes.large_count)
             run = run_pipelined(server, load, LARGE_WINDOW, sizes.large_count)
         key = "bookie_64k" if settings is None else "bookie_64k_no_checkpoints"
         figures[f"{key}_mb_per_s"] = sizes.large_count * LARGE / run.seconds / 1e6
         figures[f"{key}_entries_per_fdatasync"] = run.entries_per_fdatasync
         figures[f"{key}_cpu_us_per_add"] = run.bookie_cpu_us_per_add
         figures[f"{key}_checkpoints"] = run.samples["bookie_checkpoints_total"]
+    after = raw_append(scratch, 256 * MIB)
+    figures["raw_append_64k_before_mb_per_s"] = before
+    figures["raw_append_64k_after_mb_per_s"] = after
+    figures["raw_append_64k_mb_per_s"] = max(before, after)
 
     for window in (SMALL_WINDOW, WIDE_WINDOW):
         with running(bookie(f"small-{window}")) as server:
-            load = iter(list(islice(entries(LedgerId(0, 2), SMALL), sizes.small_count * 11 // 10)))
+            load = encoded(LedgerId(0, 2), SMALL, sizes.small_count)
             run = run_pipelined(server, load, window, sizes.small_count)
         key = "bookie_100b" if window == SMALL_WINDOW else f"bookie_100b_{window}_in_flight"
         figures[f"{key}_adds_per_s"] = sizes.small_count / run.seconds
@@ -387,8 +401,8 @@ def measure(metadata: str, scratch: Path, sizes: Sizes, profile: Path | None) ->
 
 def measure_restart(metadata: str, scratch: Path, total: int) -> dict[str, float]:
     """Fill a journal with checkpoints held off, SIGKILL, restart cold; time it."""
-    settings = {**NO_CHECKPOINTS, "TALLY_BOOKIE_SESSION_TIMEOUT": str(SESSION_TIMEOUT)}
-    server = BookieServer(metadata, scratch / "restart", settings)
+    restart_settings = {"TALLY_BOOKIE_SESSION_TIMEOUT": str(SESSION_TIMEOUT)}
+    server = BookieServer(metadata, scratch / "restart", {**NO_CHECKPOINTS, **restart_settings})
     server.start()
     try:
         written = asyncio.run(fill(server.address, total))
@@ -397,9 +411,10 @@ def measure_restart(metadata: str, scratch: Path, total: int) -> dict[str, float
         journal_bytes = sum(path.stat().st_size for path in journal)
         drop_cache(journal)
         time.sleep(SESSION_TIMEOUT * 1.5)  # the dead bookie's session expires meanwhile
+        server.settings = restart_settings
         ready = server.start()
         records, replay = server.replay_seconds()
-        checkpoint = server.metrics()["bookie_checkpoint_last_seconds"]
+        checkpoint = first_checkpoint_seconds(server)
     finally:
         server.stop()
     if records < written:
@@ -414,6 +429,18 @@ def measure_restart(metadata: str, scratch: Path, total: int) -> dict[str, float
         # Start-up (interpreter, store, registration) does not grow with the journal.
         "restart_ready_1gib_s": ready - replay + replay * scale,
     }
+
+
+def first_checkpoint_seconds(server: BookieServer, timeout: float = 600) -> float:
+    """How long the bookie's first checkpoint took, once it has finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = server.metrics()
+        if samples["bookie_checkpoints_total"] >= 1:
+            return samples["bookie_checkpoint_last_seconds"]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no checkpoint within {timeout} s of the restart")
+        time.sleep(0.1)
 
 
 def cpu_pressure() -> float:
@@ -493,7 +520,9 @@ def print_table(figures: dict[str, float]) -> None:
             f"({figures[f'{key}_entries_per_fdatasync']:.1f} entries per fdatasync, "
             f"{figures[f'{key}_checkpoints']:.0f} checkpoints, bookie CPU "
             f"{figures[f'{key}_cpu_us_per_add']:.0f} us per add)",
-            f"raw 64 KiB appends, fdatasync every 1 MiB: {raw_append_rate:,.0f} MB/s",
+            f"raw 64 KiB appends, fdatasync every 1 MiB: {raw_append_rate:,.0f} MB/s (the "
+            f"better of {figures['raw_append_64k_before_mb_per_s']:,.0f} before and "
+            f"{figures['raw_append_64k_after_mb_per_s']:,.0f} after)",
             f"{ratio:.2f}",
             ">= 0.50" if key == "bookie_64k" else "",
             ("yes" if large_ratio >= 0.5 else "NO") if key == "bookie_64k" else "",
@@ -529,9 +558,9 @@ def print_table(figures: dict[str, float]) -> None:
     row(
         f"restart with a {mib:,.0f} MiB journal ({figures['restart_entries']:,.0f} entries "
         "of 64 KiB), cold page cache",
-        f"ready in {figures['restart_ready_s']:.2f} s: replay "
-        f"{figures['restart_replay_s'] - figures['restart_checkpoint_s']:.2f} s, its "
-        f"checkpoint {figures['restart_checkpoint_s']:.2f} s",
+        f"ready in {figures['restart_ready_s']:.2f} s, of which replay "
+        f"{figures['restart_replay_s']:.2f} s; then, while serving, the checkpoint of the "
+        f"replayed entries {figures['restart_checkpoint_s']:.2f} s",
         "",
         "",
         "reported",

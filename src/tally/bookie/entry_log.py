@@ -21,10 +21,12 @@ is `EntryUnreadable` naming the file, the offset, the ledger and the entry: the 
 the entry exists, so "no such entry" would be a lie that lets recovery truncate a ledger.
 
 Writes are buffered: `append` only adds to a buffer in memory (no system call per entry),
-`flush` writes it with one `pwrite` and fdatasyncs. Reads of records still in the buffer
-are served from it. Threads: one writer thread appends and flushes (the checkpoint);
-`read` may be called from any thread at the same time. A short lock guards the buffer and
-the table of open files; no I/O is done while it is held.
+`flush` writes it with `pwritev` (the entries' own buffers, not copied), fdatasyncs, and
+lets the page cache drop the pages it completed (page_cache.py): reads of checkpointed
+entries then come from the disk. Reads of records still in the buffer are served from
+it. Threads: one writer thread appends and flushes (the checkpoint); `read` may be called
+from any thread at the same time. A short lock guards the buffer and the table of open
+files; no I/O is done while it is held.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import LedgerId
@@ -201,6 +204,7 @@ class EntryLog:
             raise WriteFailed(
                 f"entry log {path}: write or fdatasync failed at offset {self._written}: {error}"
             ) from error
+        drop_written(self._writer_fd, self._written, self._end)
         with self._lock:
             self._written = self._end
             self._pending = []

@@ -79,69 +79,81 @@ _Stored = tuple[int, bytes]
 """(CRC32C, entry bytes)."""
 
 
-class _WriteCache:
-    """Entries added since the last checkpoint, by ledger; the newest add of an id wins."""
+class _CachedLedger:
+    """One ledger's entries in a write cache, and the highest id among them."""
 
-    __slots__ = ("_entries", "_last", "byte_count", "entry_count")
+    __slots__ = ("entries", "last")
+
+    def __init__(self, last: int) -> None:
+        self.entries: dict[int, _Stored] = {}
+        self.last = last
+
+
+class _WriteCache:
+    """Entries added since the last checkpoint, by ledger; the newest add of an id wins.
+
+    One dict look-up per add: a LedgerId hashes and compares in Python, per look-up."""
+
+    __slots__ = ("_ledgers", "byte_count", "entry_count")
 
     def __init__(self) -> None:
-        self._entries: dict[LedgerId, dict[int, _Stored]] = {}
-        self._last: dict[LedgerId, int] = {}
+        self._ledgers: dict[LedgerId, _CachedLedger] = {}
         self.entry_count = 0
         self.byte_count = 0
 
     def put(self, ledger_id: LedgerId, entry_id: int, stored: _Stored) -> None:
-        entries = self._entries.get(ledger_id)
-        if entries is None:
-            entries = self._entries[ledger_id] = {}
-            self._last[ledger_id] = entry_id
-        elif entry_id > self._last[ledger_id]:
-            self._last[ledger_id] = entry_id
-        previous = entries.get(entry_id)
+        cached = self._ledgers.get(ledger_id)
+        if cached is None:
+            cached = self._ledgers[ledger_id] = _CachedLedger(entry_id)
+        elif entry_id > cached.last:
+            cached.last = entry_id
+        previous = cached.entries.get(entry_id)
         if previous is None:
             self.entry_count += 1
         else:
             self.byte_count -= len(previous[1])
-        entries[entry_id] = stored
+        cached.entries[entry_id] = stored
         self.byte_count += len(stored[1])
 
     def get(self, ledger_id: LedgerId, entry_id: int) -> _Stored | None:
-        entries = self._entries.get(ledger_id)
-        return None if entries is None else entries.get(entry_id)
+        cached = self._ledgers.get(ledger_id)
+        return None if cached is None else cached.entries.get(entry_id)
 
     def last_entry(self, ledger_id: LedgerId) -> int | None:
-        return self._last.get(ledger_id)
+        cached = self._ledgers.get(ledger_id)
+        return None if cached is None else cached.last
 
     def ledgers(self) -> list[LedgerId]:
-        return sorted(self._entries)
+        return sorted(self._ledgers)
 
     def entries(self, ledger_id: LedgerId) -> dict[int, _Stored]:
-        return self._entries.get(ledger_id, {})
+        cached = self._ledgers.get(ledger_id)
+        return {} if cached is None else cached.entries
 
     def drop_ledger(self, ledger_id: LedgerId) -> None:
-        entries = self._entries.pop(ledger_id, {})
-        self._last.pop(ledger_id, None)
-        self.entry_count -= len(entries)
-        self.byte_count -= sum(len(data) for _, data in entries.values())
+        cached = self._ledgers.pop(ledger_id, None)
+        if cached is not None:
+            self.entry_count -= len(cached.entries)
+            self.byte_count -= sum(len(data) for _, data in cached.entries.values())
 
     def drop_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> None:
-        entries = self._entries.get(ledger_id)
-        if entries is None:
+        cached = self._ledgers.get(ledger_id)
+        if cached is None:
             return
         for entry_id in entry_ids:
-            dropped = entries.pop(entry_id, None)
+            dropped = cached.entries.pop(entry_id, None)
             if dropped is not None:
                 self.entry_count -= 1
                 self.byte_count -= len(dropped[1])
-        if entries:
-            self._last[ledger_id] = max(entries)
+        if cached.entries:
+            cached.last = max(cached.entries)
         else:
-            self.drop_ledger(ledger_id)
+            del self._ledgers[ledger_id]
 
     def absorb(self, newer: _WriteCache) -> None:
         """Take in `newer`'s entries over these (to put back a cache a checkpoint failed on)."""
-        for ledger_id, entries in newer._entries.items():
-            for entry_id, stored in entries.items():
+        for ledger_id, cached in newer._ledgers.items():
+            for entry_id, stored in cached.entries.items():
                 self.put(ledger_id, entry_id, stored)
 
 
@@ -195,7 +207,8 @@ class LedgerStorage:
         self._states: dict[LedgerId, LedgerState] = {}
         """Every ledger touched since start-up (loaded on first use, never evicted)."""
         self._dirty: set[LedgerId] = set()
-        """Ledgers whose state changed since the last checkpoint took its snapshot."""
+        """Ledgers whose state changed since the last checkpoint took its snapshot, besides
+        the ledgers in the write cache, whose states every checkpoint writes anyway."""
         self._counters = _Counters()
 
     # -- writes (event loop) --------------------------------------------------------
@@ -226,7 +239,8 @@ class LedgerStorage:
             state = self._touch(ledger_id)
             if last_add_confirmed > state.piggyback_lac:
                 state.piggyback_lac = last_add_confirmed
-            self._dirty.add(ledger_id)
+            # Not marked dirty: the next checkpoint writes the state of every ledger in the
+            # cache it flushes, and this one is in it from here on.
             self._cache.put(ledger_id, entry_id, (crc32c, stored))
             self._counters.entries_added += 1
             self._counters.bytes_added += len(stored)
@@ -627,8 +641,11 @@ def _check_ledger_id(ledger_id: LedgerId) -> None:
         raise BadRequest(f"a ledger id must be a LedgerId, not {type(ledger_id).__name__}")
 
 
+_INTEGERS = (int, np.integer)
+
+
 def _check_entry_id(entry_id: int, ledger_id: LedgerId) -> int:
-    if isinstance(entry_id, bool) or not isinstance(entry_id, int | np.integer):
+    if isinstance(entry_id, bool) or not isinstance(entry_id, _INTEGERS):
         raise BadRequest(f"ledger {ledger_id}: an entry id is an int, not {entry_id!r}")
     if not 0 <= entry_id <= MAX_ENTRY_ID:
         raise BadRequest(f"ledger {ledger_id}: entry id {entry_id} is outside 0..{MAX_ENTRY_ID}")

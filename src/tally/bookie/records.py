@@ -34,10 +34,17 @@ _EXPLICIT_LAC = struct.Struct(">BQQq")
 def entry_record(
     ledger_id: LedgerId, entry_id: int, last_add_confirmed: int, crc32c: int, entry: bytes
 ) -> bytes:
-    head = _ENTRY.pack(
+    return entry_record_head(ledger_id, entry_id, last_add_confirmed, crc32c) + entry
+
+
+def entry_record_head(
+    ledger_id: LedgerId, entry_id: int, last_add_confirmed: int, crc32c: int
+) -> bytes:
+    """An entry record without its entry bytes, which follow it: the bookie journals the two
+    apart (`Journal.append_then`) rather than copy every entry into a record."""
+    return _ENTRY.pack(
         RecordType.ENTRY, ledger_id.scope, ledger_id.id, entry_id, last_add_confirmed, crc32c
     )
-    return head + entry
 
 
 def master_key_record(ledger_id: LedgerId, master_key: bytes) -> bytes:
