@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 import tally
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, mac_key, master_key
-from tally.core.entry_format import encode_entry
+from tally.core.entry_format import decode_entry, encode_entry
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerState
 from tally.core.schedule import write_set
@@ -230,6 +230,45 @@ async def test_recovery_with_one_bookie_down_completes(healthy: Cluster, worker_
             assert max(worker.acked) <= r.last_entry_id
             entries = await read_all(r)
             assert entries == {e: payload(seed, e) for e in range(r.last_entry_id + 1)}
+
+
+async def test_recovery_replaces_a_dead_bookie_that_an_unconfirmed_entry_needs(
+    healthy: Cluster,
+) -> None:
+    """E3 WQ2 AQ2, writer gone: entry 9 is past the LAC the bookies know (8) and one bookie
+    of its write set is dead, so its re-write reaches one copy of two. Recovery replaces
+    that bookie from entry 9 on, as BookKeeper's does, instead of staying IN_RECOVERY."""
+    cluster = healthy
+    quiet = dataclasses.replace(FAST, explicit_lac_interval=0)
+    async with tally.Client(cluster.uri, config=quiet) as abandoned:
+        writer = await abandoned.create_ledger(
+            ensemble_size=3, write_quorum=2, ack_quorum=2, password=PASSWORD
+        )
+        for entry_id in range(10):
+            await writer.append(payload(5, entry_id))
+        ledger_id = writer.ledger_id
+        ensemble = writer.metadata.metadata.segments[0].ensemble
+    victim = ensemble[write_set(9, 3, 2)[0]]
+    cluster.kill(victim)
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        r = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+        assert r.is_closed
+        assert r.last_entry_id == 9
+        first, second = r.metadata.segments
+        assert (first.first_entry_id, second.first_entry_id) == (0, 9)
+        assert victim in first.ensemble
+        assert victim not in second.ensemble
+        assert await read_all(r) == {e: payload(5, e) for e in range(10)}
+    holders = [second.ensemble[p] for p in write_set(9, 3, 2)]
+    assert victim not in holders
+    for bookie in holders:  # the re-written entry is on both bookies of its new write set
+        connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+        try:
+            raw = await connection.read(ledger_id, 9)
+        finally:
+            await connection.close()
+        decoded = decode_entry(raw, DigestType.CRC32C, mac_key(PASSWORD))
+        assert decoded.payload == payload(5, 9)
 
 
 async def test_corrupt_copy_is_read_from_another_replica_and_reported(

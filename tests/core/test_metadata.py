@@ -359,6 +359,13 @@ def test_ensemble_change_refuses_invalid_changes(
 def test_ensemble_change_is_refused_once_recovery_or_close_has_begun() -> None:
     with pytest.raises(LedgerFenced, match="being recovered"):
         open_ledger().start_recovery().with_ensemble_change(5, ("a", "b", "c"))
+    with pytest.raises(InvalidMetadataTransition, match="not in recovery"):
+        open_ledger().with_ensemble_change(5, ("a", "b", "c"), recovering=True)
+    recovered = (
+        open_ledger().start_recovery().with_ensemble_change(5, ("a", "b", "c"), recovering=True)
+    )
+    assert recovered.state is LedgerState.IN_RECOVERY
+    assert recovered.segments[-1] == Segment(5, ("a", "b", "c"))
     with pytest.raises(LedgerClosed, match="closed"):
         open_ledger().close(4, 40).with_ensemble_change(5, ("a", "b", "c"))
 

@@ -61,7 +61,7 @@ async def recover(context: ClientContext, record: LedgerRecord, keys: LedgerKeys
         last, length = recovered[-1].entry.entry_id, recovered[-1].entry.length
     elif start >= 0:
         raise LedgerRecoveryFailed(f"ledger {ledger_id}: entry {start} could not be read")
-    await _rewrite(fetcher, metadata, [r for r in recovered if r.entry.entry_id > confirmed])
+    record = await _rewrite(fetcher, record, [r for r in recovered if r.entry.entry_id > confirmed])
     closed = await _close(context, record, last, length)
     log.info(
         "ledger %s recovered: closed at entry %d (%d bytes), %d entries past LAC %d re-written",
@@ -197,10 +197,36 @@ async def _recovery_read(
 
 
 async def _rewrite(
-    fetcher: EntryFetcher, metadata: LedgerMetadata, entries: list[FetchedEntry]
-) -> None:
-    """RECOVERY_ADD each entry to its write set; every entry needs an ack quorum."""
+    fetcher: EntryFetcher, record: LedgerRecord, entries: list[FetchedEntry]
+) -> LedgerRecord:
+    """RECOVERY_ADD each entry to its write set; every entry needs an ack quorum.
+
+    Bookies that leave an entry short of its ack quorum are replaced by an ensemble change
+    from the first such entry, as the writer would have done, and the entries from there
+    are written again to the new ensemble; the record as it ends up.
+    """
     context = fetcher.context
+    pending = entries
+    for _ in range(context.config.ensemble_change_retries):
+        short = await _rewrite_once(fetcher, record.metadata, pending)
+        if not short:
+            return record
+        first = min(short)
+        record = await _replace_in_recovery(context, record, first, set().union(*short.values()))
+        pending = [fetched for fetched in entries if fetched.entry.entry_id >= first]
+    raise LedgerRecoveryFailed(
+        f"ledger {fetcher.ledger_id}: re-writes still short of the ack quorum after "
+        f"{context.config.ensemble_change_retries} ensemble changes; it stays IN_RECOVERY"
+    )
+
+
+async def _rewrite_once(
+    fetcher: EntryFetcher, metadata: LedgerMetadata, entries: list[FetchedEntry]
+) -> dict[int, set[str]]:
+    """Write each entry to its write set once; the entries short of an ack quorum, with
+    the bookies that failed them."""
+    context = fetcher.context
+    short: dict[int, set[str]] = {}
 
     async def add(bookie: str, raw: bytes) -> bool:
         try:
@@ -216,15 +242,54 @@ async def _rewrite(
     async def rewrite(fetched: FetchedEntry) -> None:
         entry_id = fetched.entry.entry_id
         ensemble = metadata.ensemble_at(entry_id)
-        positions = write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
-        acks = await asyncio.gather(*(add(ensemble[p], fetched.raw) for p in positions))
+        bookies = [
+            ensemble[p] for p in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
+        ]
+        acks = await asyncio.gather(*(add(bookie, fetched.raw) for bookie in bookies))
         if sum(acks) < metadata.ack_quorum:
-            raise LedgerRecoveryFailed(
-                f"ledger {fetcher.ledger_id}: re-writing entry {entry_id} reached "
-                f"{sum(acks)} of ack quorum {metadata.ack_quorum}; the ledger stays IN_RECOVERY"
-            )
+            short[entry_id] = {bookie for bookie, ok in zip(bookies, acks, strict=True) if not ok}
 
     await asyncio.gather(*(rewrite(f) for f in entries))
+    return short
+
+
+async def _replace_in_recovery(
+    context: ClientContext, record: LedgerRecord, first: int, failed: set[str]
+) -> LedgerRecord:
+    """The record with `failed` replaced in a new segment from entry `first` on."""
+    metadata = record.metadata
+    if first < metadata.segments[-1].first_entry_id:
+        raise LedgerRecoveryFailed(
+            f"ledger {record.ledger_id}: entry {first} falls short of its ack quorum in an "
+            f"earlier segment, whose ensemble cannot change; the ledger stays IN_RECOVERY"
+        )
+    ensemble = list(metadata.segments[-1].ensemble)
+    racks = await context.racks(also=ensemble)
+    exclude = failed | set(ensemble)
+    for position, bookie in enumerate(metadata.segments[-1].ensemble):
+        if bookie in failed:
+            ensemble[position] = context.policy.replace_bookie(
+                tuple(ensemble), position, metadata.write_quorum, racks, exclude, context.rng
+            )
+            exclude.add(ensemble[position])
+    changed = metadata.with_ensemble_change(first, tuple(ensemble), recovering=True)
+    try:
+        updated = await context.ledgers.write_ledger_metadata(
+            record.ledger_id, changed, record.version
+        )
+    except MetadataVersionConflict:
+        raise LedgerRecoveryFailed(
+            f"ledger {record.ledger_id}: its metadata changed during recovery (another "
+            "recovery?); try again"
+        ) from None
+    log.info(
+        "ledger %s: recovery replaced %s from entry %d: ensemble %s",
+        record.ledger_id,
+        sorted(failed),
+        first,
+        ensemble,
+    )
+    return updated
 
 
 async def _close(

@@ -311,9 +311,11 @@ class LedgerMetadata:
     # Transitions
 
     def with_ensemble_change(
-        self, first_entry_id: int, new_ensemble: tuple[str, ...]
+        self, first_entry_id: int, new_ensemble: tuple[str, ...], *, recovering: bool = False
     ) -> LedgerMetadata:
-        """The writer's new ensemble from `first_entry_id` (its LAC + 1) on.
+        """The writer's new ensemble from `first_entry_id` (its LAC + 1) on; or, with
+        `recovering`, the recovery's, which replaces a bookie that fails its re-writes as
+        BookKeeper's recovery does (the fenced writer can no longer change the ensemble).
 
         At the last segment's own first entry the segment never held an entry, so the new
         ensemble replaces it; earlier would rewrite acknowledged entries' placement.
@@ -321,8 +323,12 @@ class LedgerMetadata:
         action = f"ensemble change at entry {first_entry_id}"
         if self.state is LedgerState.CLOSED:
             raise LedgerClosed(f"{action} refused: the ledger is closed")
-        if self.state is LedgerState.IN_RECOVERY:
+        if self.state is LedgerState.IN_RECOVERY and not recovering:
             raise LedgerFenced(f"{action} refused: the ledger is being recovered")
+        if self.state is LedgerState.OPEN and recovering:
+            raise InvalidMetadataTransition(
+                f"recovery's {action} refused: the ledger is not in recovery"
+            )
         with _refused_as_transition(action):
             new_segment = Segment(first_entry_id, new_ensemble)
             last_first = self.segments[-1].first_entry_id
