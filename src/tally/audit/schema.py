@@ -24,6 +24,8 @@ BOOKIES = "bookies"
 AVAILABILITY = "availability"
 SNAPSHOT_JSON = "snapshot.json"
 TRUTH_JSON = "truth.json"
+SNAPSHOT_PARTS = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY, SNAPSHOT_JSON)
+"""What a snapshot directory holds."""
 
 VIOLATIONS = "violations"
 SUMMARY_JSON = "summary.json"

@@ -160,16 +160,7 @@ async def take_snapshot(
     connection): a bookie silent for longer counts as not responding.
     """
     report = progress or _no_progress
-    prepare_output(
-        out,
-        [
-            schema.LEDGERS,
-            schema.SEGMENTS,
-            schema.BOOKIES,
-            schema.AVAILABILITY,
-            schema.SNAPSHOT_JSON,
-        ],
-    )
+    prepare_output(out, schema.SNAPSHOT_PARTS)
     created_ms = int(time.time() * 1000)
     store = open_store(metadata_uri, session_timeout=SESSION_TIMEOUT)
     await store.start()

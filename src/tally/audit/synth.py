@@ -979,17 +979,7 @@ def synthesize(
         injector.eligible(kind)
     patterns = _Patterns.of(cluster.mixes)
 
-    prepare_output(
-        out,
-        [
-            schema.LEDGERS,
-            schema.SEGMENTS,
-            schema.BOOKIES,
-            schema.AVAILABILITY,
-            schema.SNAPSHOT_JSON,
-            schema.TRUTH_JSON,
-        ],
-    )
+    prepare_output(out, [*schema.SNAPSHOT_PARTS, schema.TRUTH_JSON])
     writers = {
         name: DatasetWriter(out / name, table_schema, name)
         for name, table_schema in (
