@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import REGISTRY
 
-from tally.autorecovery.auditor import Auditor, crowded_bookies, entries_to_verify
+from tally.autorecovery.auditor import Auditor
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.client import Client
@@ -219,31 +219,6 @@ class FakeReplicasCheck:
 
 
 # -- pure helpers ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("first", "last", "percentage", "expected"),
-    [
-        (0, 9, 0, [0, 9]),
-        (5, 5, 0, [5]),
-        (5, 4, 50, []),
-        (0, 9, 100, list(range(10))),
-        (0, 9, 30, [0, 3, 6, 9]),
-        (10, 1009, 1, [10, *range(10, 1010, 100), 1009]),
-    ],
-)
-def test_the_ledger_check_reads_the_ends_and_a_spread_sample(
-    first: int, last: int, percentage: int, expected: list[int]
-) -> None:
-    assert entries_to_verify(first, last, percentage) == sorted(set(expected))
-
-
-def test_crowded_bookies_are_those_sharing_a_rack_within_a_write_set() -> None:
-    racks = {B1: "/r1", B2: "/r1", B3: "/r2", B4: "/r2"}
-    assert crowded_bookies((B1, B2), 2, racks) == {B2}
-    assert crowded_bookies((B1, B3, B2, B4), 2, racks) == set()
-    assert crowded_bookies((B1, B2, B3, B4), 2, racks) == {B2, B4}
-    assert crowded_bookies((B1, B3), 2, {}) == {B3}, "both on the default rack"
 
 
 # -- election --------------------------------------------------------------------------------

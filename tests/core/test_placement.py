@@ -18,6 +18,7 @@ from tally.core.placement import (
     PlacementPolicy,
     RackAwarePlacementPolicy,
     adherence_of_racks,
+    crowded_bookies,
     fewest_racks_per_write_set,
 )
 from tally.core.schedule import write_set
@@ -478,3 +479,11 @@ def test_replacement_draws_every_bookie_of_the_best_racks() -> None:
         for s in range(100)
     }
     assert picks == {"c", "d"}  # e would put both copies on /r1, as a is
+
+
+def test_crowded_bookies_are_those_sharing_a_rack_within_a_write_set() -> None:
+    racks = {"b1": "/r1", "b2": "/r1", "b3": "/r2", "b4": "/r2"}
+    assert crowded_bookies(("b1", "b2"), 2, racks) == {"b2"}
+    assert crowded_bookies(("b1", "b3", "b2", "b4"), 2, racks) == set()
+    assert crowded_bookies(("b1", "b2", "b3", "b4"), 2, racks) == {"b2", "b4"}
+    assert crowded_bookies(("b1", "b3"), 2, {}) == {"b3"}, "both on the default rack"

@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 
 from tally.core.availability import MAX_ENTRY_ID, EntryAvailability, SequenceGroup
 from tally.core.errors import BadRequest
-from tally.core.schedule import check_quorums, expected_entries, stores_entry, write_set
+from tally.core.schedule import (
+    check_quorums,
+    entries_to_verify,
+    expected_entries,
+    stores_entry,
+    write_set,
+)
 
 
 def test_write_set_is_round_robin() -> None:
@@ -113,3 +119,20 @@ def test_empty_when_last_is_before_first() -> None:
 def test_expected_entries_refuses_bad_arguments(arguments: tuple[int, ...], message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         expected_entries(*arguments)
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "percentage", "expected"),
+    [
+        (0, 9, 0, [0, 9]),
+        (5, 5, 0, [5]),
+        (5, 4, 50, []),
+        (0, 9, 100, list(range(10))),
+        (0, 9, 30, [0, 3, 6, 9]),
+        (10, 1009, 1, [10, *range(10, 1010, 100), 1009]),
+    ],
+)
+def test_the_ledger_check_reads_the_ends_and_a_spread_sample(
+    first: int, last: int, percentage: int, expected: list[int]
+) -> None:
+    assert entries_to_verify(first, last, percentage) == sorted(set(expected))

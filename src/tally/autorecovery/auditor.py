@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
@@ -42,8 +41,8 @@ from tally.core.lost_bookies import (
     bookies_holding_entries,
 )
 from tally.core.metadata import LedgerMetadata, LedgerState, Segment
-from tally.core.placement import PlacementAdherence, rack_of
-from tally.core.schedule import write_set
+from tally.core.placement import PlacementAdherence, crowded_bookies, rack_of
+from tally.core.schedule import entries_to_verify, write_set
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import AvailableBookies
 from tally.metadata.keys import Watcher
@@ -60,37 +59,6 @@ RETRY_DELAY = 60.0
 again; a check's interval caps it."""
 START_RETRY_DELAY = 5.0
 """Seconds before an elected auditor tries again to set up its watches after a store error."""
-
-
-def entries_to_verify(first: int, last: int, percentage: int) -> list[int]:
-    """The entries of segment [first, last] the ledger check reads: the first and the last,
-    plus `percentage` % of the segment spread evenly over it (BookKeeper's
-    auditorLedgerVerificationPercentage)."""
-    if last < first:
-        return []
-    count = last - first + 1
-    chosen = {first, last}
-    sample = math.ceil(count * percentage / 100)
-    chosen.update(first + i * count // sample for i in range(sample))
-    return sorted(chosen)
-
-
-def crowded_bookies(
-    ensemble: tuple[str, ...], write_quorum: int, racks: Mapping[str, str]
-) -> frozenset[str]:
-    """The bookies that share a rack with an earlier bookie of one of their write sets: the
-    ones to move so that the segment spreads over more racks (named in a placement mark)."""
-    size = len(ensemble)
-    crowded: set[str] = set()
-    for start in range(size if write_quorum < size else 1):
-        taken: set[str] = set()
-        for k in range(write_quorum):
-            bookie = ensemble[(start + k) % size]
-            rack = rack_of(racks, bookie)
-            if rack in taken:
-                crowded.add(bookie)
-            taken.add(rack)
-    return frozenset(crowded)
 
 
 def _when(seconds: float | None) -> str:

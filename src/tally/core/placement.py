@@ -456,3 +456,21 @@ def _place_everywhere(slots: list[str | None], rack: str, count: int, write_quor
             break
     for p in best:
         slots[p] = rack
+
+
+def crowded_bookies(
+    ensemble: tuple[str, ...], write_quorum: int, racks: Mapping[str, str]
+) -> frozenset[str]:
+    """The bookies that share a rack with an earlier bookie of one of their write sets: the
+    ones to move so that the segment spreads over more racks (named in a placement mark)."""
+    size = len(ensemble)
+    crowded: set[str] = set()
+    for start in range(size if write_quorum < size else 1):
+        taken: set[str] = set()
+        for k in range(write_quorum):
+            bookie = ensemble[(start + k) % size]
+            rack = rack_of(racks, bookie)
+            if rack in taken:
+                crowded.add(bookie)
+            taken.add(rack)
+    return frozenset(crowded)

@@ -6,6 +6,8 @@ entries with (i - e) mod E < WQ.
 
 from __future__ import annotations
 
+import math
+
 from tally.core.availability import (
     MAX_ENTRY_ID,
     MAX_SEQUENCE,
@@ -74,3 +76,16 @@ def expected_entries(
     if run_start < stop:
         groups.append(SequenceGroup(run_start, run_start, stop - run_start, 0))
     return EntryAvailability(groups)
+
+
+def entries_to_verify(first: int, last: int, percentage: int) -> list[int]:
+    """The entries of segment [first, last] the ledger check reads: the first and the last,
+    plus `percentage` % of the segment spread evenly over it (BookKeeper's
+    auditorLedgerVerificationPercentage)."""
+    if last < first:
+        return []
+    count = last - first + 1
+    chosen = {first, last}
+    sample = math.ceil(count * percentage / 100)
+    chosen.update(first + i * count // sample for i in range(sample))
+    return sorted(chosen)
