@@ -250,7 +250,10 @@ class LedgerReader:
                 yield await pending.pop(entry_id)
         finally:
             for task in pending.values():
-                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # a read ahead that failed: the reader left before it
+                else:
+                    task.cancel()
 
     def _check_range(self, first: int, last: int) -> None:
         if first < 0 or last < first:
