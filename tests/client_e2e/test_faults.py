@@ -271,6 +271,30 @@ async def test_recovery_replaces_a_dead_bookie_that_an_unconfirmed_entry_needs(
         assert decoded.payload == payload(5, 9)
 
 
+async def test_a_bookie_that_failed_is_kept_out_of_new_ensembles_while_registered(
+    healthy: Cluster,
+) -> None:
+    """A dead bookie stays registered until its session lapses; the client that saw it
+    fail (its quarantine) keeps it out of new ensembles meanwhile."""
+    cluster = healthy
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        writer = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        victim = writer.metadata.metadata.segments[0].ensemble[0]
+        cluster.kill(victim)
+        for entry_id in range(5):
+            await writer.append(payload(6, entry_id))
+        assert victim not in writer.metadata.metadata.segments[-1].ensemble
+        assert victim in await client.context.registry.writable_bookies(), "not lapsed yet"
+        for _ in range(8):
+            other = await client.create_ledger(
+                ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+            )
+            assert victim not in other.metadata.metadata.segments[0].ensemble
+        await writer.close()
+
+
 async def test_corrupt_copy_is_read_from_another_replica_and_reported(
     healthy: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:

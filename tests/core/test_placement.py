@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tally.core.errors import BadRequest, NotEnoughBookies
 from tally.core.placement import (
     DEFAULT_RACK,
+    BookieQuarantine,
     DefaultPlacementPolicy,
     PlacementAdherence,
     PlacementPolicy,
@@ -20,6 +21,7 @@ from tally.core.placement import (
     adherence_of_racks,
     crowded_bookies,
     fewest_racks_per_write_set,
+    preferring_healthy,
 )
 from tally.core.schedule import write_set
 
@@ -487,3 +489,25 @@ def test_crowded_bookies_are_those_sharing_a_rack_within_a_write_set() -> None:
     assert crowded_bookies(("b1", "b3", "b2", "b4"), 2, racks) == set()
     assert crowded_bookies(("b1", "b2", "b3", "b4"), 2, racks) == {"b2", "b4"}
     assert crowded_bookies(("b1", "b3"), 2, {}) == {"b3"}, "both on the default rack"
+
+
+def test_a_quarantine_lapses_and_never_blocks_a_choice() -> None:
+    quarantine = BookieQuarantine(seconds=10.0)
+    quarantine.add("b1", now=100.0)
+    quarantine.add("b2", now=105.0)
+    assert quarantine.active(109.0) == {"b1", "b2"}
+    assert quarantine.active(110.0) == {"b2"}
+    assert quarantine.active(115.0) == frozenset()
+    policy = DefaultPlacementPolicy()
+    racks = dict.fromkeys(("b1", "b2", "b3", "b4"), DEFAULT_RACK)
+    rng = random.Random(1)
+    for _ in range(20):
+        chosen = preferring_healthy(
+            lambda avoid: policy.new_ensemble(2, 2, 2, racks, avoid, rng), frozenset({"b1"})
+        )
+        assert "b1" not in chosen
+    # Too few bookies out of quarantine: the quarantined ones are used rather than fail.
+    crowded = preferring_healthy(
+        lambda avoid: policy.new_ensemble(4, 2, 2, racks, avoid, rng), frozenset({"b1"})
+    )
+    assert sorted(crowded) == ["b1", "b2", "b3", "b4"]

@@ -511,13 +511,12 @@ class _LedgerRepair:
         ensemble = list(segment.ensemble)
         new_bookies: dict[int, str] = {}
         for repair in replaced:
-            chosen = context.policy.replace_bookie(
+            chosen = context.replacement(
                 ensemble,
                 repair.position,
                 segment.write_quorum,
                 racks,
                 {*segment.ensemble, *new_bookies.values()},
-                context.rng,
             )
             new_bookies[repair.position] = ensemble[repair.position] = chosen
         return new_bookies

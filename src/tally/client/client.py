@@ -134,9 +134,7 @@ class Client:
             raise BadRequest("the ledger password is bytes")
         context = self.context
         racks = await context.racks()
-        ensemble = context.policy.new_ensemble(
-            ensemble_size, write_quorum, ack_quorum, racks, frozenset(), context.rng
-        )
+        ensemble = context.new_ensemble(ensemble_size, write_quorum, ack_quorum, racks)
         if uuid and scope is not None:
             raise BadRequest("give scope or uuid=True, not both")
         if uuid:

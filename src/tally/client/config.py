@@ -23,5 +23,8 @@ class ClientConfig:
     enforce_min_num_racks_per_write_quorum: bool = False
     session_timeout: float = 10.0
     """Metadata store session timeout, seconds."""
+    bookie_quarantine_time: float = 1800.0
+    """Seconds a bookie that failed a request is kept out of new ensembles and
+    replacements, unless too few others are left (bookieQuarantineTime)."""
     ensemble_change_retries: int = 10
     """Metadata CAS attempts for one ensemble change before the writer gives up."""

@@ -268,8 +268,9 @@ async def _replace_in_recovery(
     exclude = failed | set(ensemble)
     for position, bookie in enumerate(metadata.segments[-1].ensemble):
         if bookie in failed:
-            ensemble[position] = context.policy.replace_bookie(
-                tuple(ensemble), position, metadata.write_quorum, racks, exclude, context.rng
+            context.bookie_failed(bookie)
+            ensemble[position] = context.replacement(
+                tuple(ensemble), position, metadata.write_quorum, racks, exclude
             )
             exclude.add(ensemble[position])
     changed = metadata.with_ensemble_change(first, tuple(ensemble), recovering=True)

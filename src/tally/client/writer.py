@@ -236,6 +236,7 @@ class LedgerWriter:
                 entry_id,
                 error,
             )
+        self._context.bookie_failed(bookie)
         self._pending.failed(entry_id, position)
         for confirmed_id, failed_position in self._pending.take_under_replicated():
             self._under_replicated.add(self._bookie_of(confirmed_id, failed_position))
@@ -319,13 +320,8 @@ class LedgerWriter:
             ensemble = list(self._ensemble)
             exclude = failed | set(ensemble)
             for position in positions:
-                ensemble[position] = context.policy.replace_bookie(
-                    tuple(ensemble),
-                    position,
-                    self._record.metadata.write_quorum,
-                    racks,
-                    exclude,
-                    context.rng,
+                ensemble[position] = context.replacement(
+                    tuple(ensemble), position, self._record.metadata.write_quorum, racks, exclude
                 )
                 exclude.add(ensemble[position])
             first = self._pending.last_add_confirmed + 1

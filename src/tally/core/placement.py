@@ -16,11 +16,12 @@ schedule; an ensemble has E of them (one, when WQ = E).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import random
-from collections.abc import Collection, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from tally.core.errors import BadRequest, NotEnoughBookies
 from tally.core.schedule import check_quorums
@@ -474,3 +475,33 @@ def crowded_bookies(
                 crowded.add(bookie)
             taken.add(rack)
     return frozenset(crowded)
+
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class BookieQuarantine:
+    """Bookies that failed a request lately, kept out of new ensembles and replacements for
+    a while (BookKeeper's bookieQuarantineTime): a bookie that just failed is likely dead
+    while its registration has not lapsed yet, and choosing it costs another change."""
+
+    seconds: float
+    until: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, bookie: str, now: float) -> None:
+        self.until[bookie] = now + self.seconds
+
+    def active(self, now: float) -> frozenset[str]:
+        for bookie in [b for b, until in self.until.items() if until <= now]:
+            del self.until[bookie]
+        return frozenset(self.until)
+
+
+def preferring_healthy(choose: Callable[[frozenset[str]], T], quarantined: frozenset[str]) -> T:
+    """`choose(avoid)` with the quarantined bookies avoided; with them allowed again when
+    that leaves too few, as BookKeeper does, since a quarantine must never stop a write."""
+    if quarantined:
+        with contextlib.suppress(NotEnoughBookies):
+            return choose(quarantined)
+    return choose(frozenset())
