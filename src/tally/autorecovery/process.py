@@ -52,6 +52,8 @@ class AutoRecoveryProcess:
         self.process_id = process_id
         self.http_port: int | None = None
         self.generation = 0
+        self.store: MetadataStore | None = None
+        """The current generation's session."""
         self._admin_http = admin_http
         self._replicas_check = replicas_check
         self._auditor: Auditor | None = None
@@ -97,7 +99,7 @@ class AutoRecoveryProcess:
     async def _run_generation(self, on_ready: Callable[[AutoRecoveryProcess], None] | None) -> None:
         async with Client(self.config.metadata, config=self.client_config()) as client:
             context = client.context
-            store = context.ledgers.store
+            store = self.store = context.ledgers.store
             check = None if self._replicas_check is None else self._replicas_check(client)
             self._auditor = Auditor(context, self.config, self.process_id, replicas_check=check)
             self._worker = ReplicationWorker(
