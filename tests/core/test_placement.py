@@ -22,6 +22,7 @@ from tally.core.placement import (
     crowded_bookies,
     fewest_racks_per_write_set,
     preferring_healthy,
+    worst_segments,
 )
 from tally.core.schedule import write_set
 
@@ -511,3 +512,18 @@ def test_a_quarantine_lapses_and_never_blocks_a_choice() -> None:
         lambda avoid: policy.new_ensemble(4, 2, 2, racks, avoid, rng), frozenset({"b1"})
     )
     assert sorted(crowded) == ["b1", "b2", "b3", "b4"]
+
+
+def test_worst_segments_skips_empty_segments_and_collects_ties() -> None:
+    policy = RackAwarePlacementPolicy()
+    racks = {"b1": "/r1", "b2": "/r1", "b3": "/r2", "b4": "/r2"}
+    crowded, spread = ("b1", "b2"), ("b1", "b3")
+    assert worst_segments(policy, [(spread, True), (spread, True)], 2, racks, 2) == (
+        PlacementAdherence.MEETS_STRICT,
+        [],
+    )
+    worst, indexes = worst_segments(
+        policy, [(crowded, True), (spread, True), (crowded, True), (crowded, False)], 2, racks, 2
+    )
+    assert worst is PlacementAdherence.FAIL
+    assert indexes == [0, 2], "the empty trailing segment stores nothing: not judged"

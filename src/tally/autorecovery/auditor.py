@@ -22,16 +22,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from tally.autorecovery import auditor_metrics as metrics
+from tally.autorecovery.bounded import for_each
 from tally.autorecovery.config import AutoRecoveryConfig
+from tally.autorecovery.ledger_check import ledger_check
+from tally.autorecovery.placement_check import placement_check
 from tally.client.context import ClientContext
-from tally.core.entry_format import peek_header
-from tally.core.errors import NoSuchLedger, SessionExpired, TallyError
+from tally.core.errors import SessionExpired, TallyError
 from tally.core.ids import LedgerId
 from tally.core.lost_bookies import (
     LostBookie,
@@ -40,14 +42,10 @@ from tally.core.lost_bookies import (
     LostBookieState,
     bookies_holding_entries,
 )
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
-from tally.core.placement import PlacementAdherence, crowded_bookies, rack_of
-from tally.core.schedule import entries_to_verify, write_set
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import AvailableBookies
 from tally.metadata.keys import Watcher
 from tally.metadata.layout import check_bookie_id
-from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import AuditorCheck
 
 log = logging.getLogger(__name__)
@@ -69,25 +67,6 @@ def _when(seconds: float | None) -> str:
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
-
-
-async def _for_each(items: Iterable[T], limit: int, action: Callable[[T], Awaitable[None]]) -> None:
-    """`action` on every item, at most `limit` at a time (items are drawn lazily). The first
-    error stops the rest and is raised as it is (not in an ExceptionGroup)."""
-    iterator = iter(items)
-
-    async def worker() -> None:
-        for item in iterator:
-            await action(item)
-
-    workers = min(limit, len(items)) if isinstance(items, Sized) else limit
-    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass
@@ -116,13 +95,6 @@ class _CheckState:
         ):
             due = 0.0
         return due if self.retry_at is None else max(due, self.retry_at)
-
-
-@dataclass(frozen=True)
-class _ReadFailure:
-    segment_first: int
-    entry_id: int
-    error: str
 
 
 class Auditor:
@@ -430,7 +402,7 @@ class Auditor:
             for bookie in missing:
                 counts[bookie] += 1
 
-        await _for_each(marks, self.config.auditor_max_concurrent_metadata_reads, mark)
+        await for_each(marks, self.config.auditor_max_concurrent_metadata_reads, mark)
         self._ledgers_marked.update(counts)
         return counts
 
@@ -520,8 +492,14 @@ class Auditor:
                 return await self._ledger_check()
         if check is AuditorCheck.PLACEMENT_POLICY:
             with metrics.PLACEMENT_POLICY_CHECK_TIME.time():
-                return await self._placement_check()
+                return await placement_check(self.context, self.config, self._now_ms)
         return await self._run_replicas_check()
+
+    def _now_ms(self) -> int:
+        return _ms(self._clock())
+
+    async def _ledger_check(self) -> int:
+        return await ledger_check(self.context, self.config, self._lost.registered, self._now_ms)
 
     # -- the bookie check ------------------------------------------------------------------
 
@@ -560,195 +538,6 @@ class Auditor:
                     self._at(bookie),
                 )
         return len(self._lost.lost)
-
-    # -- the ledger check ------------------------------------------------------------------
-
-    async def _ledger_check(self) -> int:
-        """Read entries of every segment (but an open ledger's last) from each registered
-        bookie of their write sets; mark the ledgers some bookie cannot give an entry of.
-        The number of ledgers marked. Bookies that are not registered are left to the
-        lost-bookie handling, so that their `lost_bookie_recovery_delay` holds."""
-        requests = asyncio.Semaphore(self.config.auditor_max_concurrent_bookie_requests)
-        marked = 0
-
-        async def verify(record: LedgerRecord) -> None:
-            nonlocal marked
-            if await self._verify_ledger(record, requests):
-                marked += 1
-
-        async for page in self.context.ledgers.ledger_pages():
-            for unreadable in page.unreadable:
-                log.error(
-                    "ledger check: metadata at %s does not decode: %s",
-                    unreadable.path,
-                    unreadable.error,
-                )
-            await _for_each(
-                page.ledgers, self.config.auditor_max_concurrent_bookie_requests, verify
-            )
-        return marked
-
-    async def _verify_ledger(self, record: LedgerRecord, requests: asyncio.Semaphore) -> bool:
-        """Check one ledger; confirm failures on its current metadata before marking."""
-        failures = await self._read_segments(record, requests)
-        if not failures:
-            return False
-        try:
-            current = await self.context.ledgers.read_ledger_metadata(record.ledger_id)
-        except NoSuchLedger:
-            return False  # deleted meanwhile: its bookies may well have dropped it
-        if current.version != record.version:
-            failures = await self._read_segments(current, requests)
-            if not failures:
-                return False
-        name = record.ledger_id.qualified_name
-        for bookie, failure in sorted(failures.items()):
-            log.warning(
-                "ledger check: ledger %s segment at entry %d: bookie %s cannot give entry "
-                "%d: %s; marking the ledger under-replicated",
-                name,
-                failure.segment_first,
-                bookie,
-                failure.entry_id,
-                failure.error,
-            )
-        await self.context.under_replication.mark_under_replicated(
-            record.ledger_id, failures, now_ms=_ms(self._clock())
-        )
-        metrics.UNDER_REPLICATED_LEDGERS_MARKED.labels(AuditorCheck.CHECK_ALL_LEDGERS.value).inc()
-        return True
-
-    async def _read_segments(
-        self, record: LedgerRecord, requests: asyncio.Semaphore
-    ) -> dict[str, _ReadFailure]:
-        """The first failure of each bookie that could not give an entry it should hold."""
-        metadata = record.metadata
-        failures: dict[str, _ReadFailure] = {}
-        percentage = self.config.auditor_ledger_verification_percentage
-
-        def reads() -> Iterable[tuple[int, int, str]]:
-            for segment, (first, last) in zip(
-                metadata.segments, metadata.segment_bounds(), strict=True
-            ):
-                if last is None:
-                    continue  # an open ledger's last segment is still being written
-                for entry_id in entries_to_verify(first, last, percentage):
-                    for position in write_set(
-                        entry_id, metadata.ensemble_size, metadata.write_quorum
-                    ):
-                        bookie = segment.ensemble[position]
-                        if bookie in self._lost.registered:
-                            yield first, entry_id, bookie
-
-        async def read(item: tuple[int, int, str]) -> None:
-            first, entry_id, bookie = item
-            if bookie in failures:
-                return  # one failure is enough to name the bookie
-            async with requests:
-                error = await self._read_entry(record.ledger_id, bookie, entry_id)
-            if error is not None and bookie not in failures:
-                failures[bookie] = _ReadFailure(first, entry_id, error)
-                metrics.BOOKIE_REQUEST_FAILURES.labels(error.split(":", 1)[0]).inc()
-
-        plan = reads()
-        limit = self.config.auditor_max_concurrent_bookie_requests
-        await _for_each(plan if percentage else list(plan), limit, read)
-        return failures
-
-    async def _read_entry(self, ledger_id: LedgerId, bookie: str, entry_id: int) -> str | None:
-        """None when the bookie gives the entry; else why not (error name first)."""
-        timeout = self.context.config.read_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                connection = await self.context.bookies.get(bookie)
-                raw = await connection.read(ledger_id, entry_id)
-            header = peek_header(raw)
-        except TimeoutError:
-            return f"Timeout: no answer within {timeout:g}s"
-        except TallyError as error:
-            return f"{type(error).__name__}: {error}"
-        if header.ledger_id != ledger_id or header.entry_id != entry_id:
-            return (
-                f"MisplacedEntry: answered ledger {header.ledger_id.qualified_name} entry "
-                f"{header.entry_id}"
-            )
-        return None
-
-    # -- the placement check ---------------------------------------------------------------
-
-    async def _placement_check(self) -> int:
-        """Judge every segment holding entries of every closed ledger by the placement
-        policy; count the ledgers whose worst segment fails it or meets it only softly, and
-        mark the failing ones for repair if so configured. The number of such ledgers."""
-        registry = self.context.registry
-        racks = {bookie: p.rack for bookie, p in (await registry.placements()).items()}
-        available = await registry.available_bookies()
-        cluster_racks = (
-            len({rack_of(racks, b) for b in available.writable | available.read_only}) or 1
-        )
-        repair = self.config.repaired_placement_policy_not_adhering_bookie_enable
-        failing = softly = 0
-        async for page in self.context.ledgers.ledger_pages():
-            for record in page.ledgers:
-                if record.metadata.state is not LedgerState.CLOSED:
-                    continue
-                worst, segments = self._worst_segments(record.metadata, racks, cluster_racks)
-                if worst is PlacementAdherence.MEETS_STRICT:
-                    continue
-                for segment in segments:
-                    log.warning(
-                        "placement check: ledger %s segment at entry %d: ensemble %s on racks "
-                        "%s %s the placement policy (WQ=%d, %d racks in the cluster)%s",
-                        record.ledger_id.qualified_name,
-                        segment.first_entry_id,
-                        list(segment.ensemble),
-                        [rack_of(racks, bookie) for bookie in segment.ensemble],
-                        "fails" if worst is PlacementAdherence.FAIL else "meets only softly",
-                        record.metadata.write_quorum,
-                        cluster_racks,
-                        "; marking it for repair"
-                        if repair and worst is PlacementAdherence.FAIL
-                        else "",
-                    )
-                if worst is PlacementAdherence.MEETS_SOFT:
-                    softly += 1
-                    continue
-                failing += 1
-                if repair:
-                    await self._mark_for_placement(record, segments, racks)
-        metrics.LEDGERS_NOT_ADHERING.set(failing)
-        metrics.LEDGERS_SOFTLY_ADHERING.set(softly)
-        return failing + softly
-
-    def _worst_segments(
-        self, metadata: LedgerMetadata, racks: Mapping[str, str], cluster_racks: int
-    ) -> tuple[PlacementAdherence, list[Segment]]:
-        worst, segments = PlacementAdherence.MEETS_STRICT, []
-        for segment, (first, last) in zip(
-            metadata.segments, metadata.segment_bounds(), strict=True
-        ):
-            if last is not None and last < first:
-                continue  # an empty trailing segment: nothing is stored there
-            adherence = self.context.policy.adherence(
-                segment.ensemble, metadata.write_quorum, racks, cluster_racks
-            )
-            if adherence < worst:
-                worst, segments = adherence, [segment]
-            elif adherence == worst and adherence is not PlacementAdherence.MEETS_STRICT:
-                segments.append(segment)
-        return worst, segments
-
-    async def _mark_for_placement(
-        self, record: LedgerRecord, segments: list[Segment], racks: Mapping[str, str]
-    ) -> None:
-        """Name the bookies to move (empty: the worker looks at every copy)."""
-        crowded: set[str] = set()
-        for segment in segments:
-            crowded |= crowded_bookies(segment.ensemble, record.metadata.write_quorum, racks)
-        await self.context.under_replication.mark_under_replicated(
-            record.ledger_id, crowded, now_ms=_ms(self._clock())
-        )
-        metrics.UNDER_REPLICATED_LEDGERS_MARKED.labels(AuditorCheck.PLACEMENT_POLICY.value).inc()
 
     # -- the replicas check ----------------------------------------------------------------
 

@@ -505,3 +505,28 @@ def preferring_healthy(choose: Callable[[frozenset[str]], T], quarantined: froze
         with contextlib.suppress(NotEnoughBookies):
             return choose(quarantined)
     return choose(frozenset())
+
+
+def worst_segments(
+    policy: PlacementPolicy,
+    metadata_segments: Sequence[tuple[Sequence[str], bool]],
+    write_quorum: int,
+    racks: Mapping[str, str],
+    cluster_racks: int,
+) -> tuple[PlacementAdherence, list[int]]:
+    """A ledger's worst adherence over its segments that hold entries, and the indexes of
+    the segments at that level (none when all meet the policy strictly).
+
+    `metadata_segments` gives each segment's ensemble and whether it holds entries (an
+    empty trailing segment stores nothing, so its placement does not matter).
+    """
+    worst, found = PlacementAdherence.MEETS_STRICT, []
+    for index, (ensemble, holds_entries) in enumerate(metadata_segments):
+        if not holds_entries:
+            continue
+        adherence = policy.adherence(ensemble, write_quorum, racks, cluster_racks)
+        if adherence < worst:
+            worst, found = adherence, [index]
+        elif adherence == worst and adherence is not PlacementAdherence.MEETS_STRICT:
+            found.append(index)
+    return worst, found

@@ -1,0 +1,159 @@
+"""The auditor's ledger check (BookKeeper's checkAllLedgers): read entries of every bounded
+segment from each registered bookie of their write sets, and mark the ledgers some bookie
+cannot give an entry of, naming that bookie.
+
+The first and last entry of a segment are read, or `auditor_ledger_verification_percentage`
+of them. Bookies that are not registered are left to the lost-bookie handling, so that
+their `lost_bookie_recovery_delay` holds. Before marking, the ledger's metadata is read
+again: a deleted ledger is left alone, a changed one is checked again first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+
+from tally.autorecovery import auditor_metrics as metrics
+from tally.autorecovery.bounded import for_each
+from tally.autorecovery.config import AutoRecoveryConfig
+from tally.client.context import ClientContext
+from tally.core.entry_format import peek_header
+from tally.core.errors import NoSuchLedger, TallyError
+from tally.core.ids import LedgerId
+from tally.core.schedule import entries_to_verify, write_set
+from tally.metadata.ledger_manager import LedgerRecord
+from tally.metadata.underreplication import AuditorCheck
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _ReadFailure:
+    segment_first: int
+    entry_id: int
+    error: str
+
+
+async def ledger_check(
+    context: ClientContext,
+    config: AutoRecoveryConfig,
+    registered: Collection[str],
+    now_ms: Callable[[], int],
+) -> int:
+    """Check every ledger; the number of ledgers marked."""
+    return await _LedgerCheck(context, config, registered, now_ms).run()
+
+
+class _LedgerCheck:
+    def __init__(
+        self,
+        context: ClientContext,
+        config: AutoRecoveryConfig,
+        registered: Collection[str],
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.context = context
+        self.config = config
+        self.registered = registered
+        self.now_ms = now_ms
+        self.requests = asyncio.Semaphore(config.auditor_max_concurrent_bookie_requests)
+        self.marked = 0
+
+    async def run(self) -> int:
+        async for page in self.context.ledgers.ledger_pages():
+            for unreadable in page.unreadable:
+                log.error(
+                    "ledger check: metadata at %s does not decode: %s",
+                    unreadable.path,
+                    unreadable.error,
+                )
+            await for_each(
+                page.ledgers, self.config.auditor_max_concurrent_bookie_requests, self._verify
+            )
+        return self.marked
+
+    async def _verify(self, record: LedgerRecord) -> None:
+        """Check one ledger; confirm failures on its current metadata before marking."""
+        failures = await self._read_segments(record)
+        if not failures:
+            return
+        try:
+            current = await self.context.ledgers.read_ledger_metadata(record.ledger_id)
+        except NoSuchLedger:
+            return  # deleted meanwhile: its bookies may well have dropped it
+        if current.version != record.version:
+            failures = await self._read_segments(current)
+            if not failures:
+                return
+        name = record.ledger_id.qualified_name
+        for bookie, failure in sorted(failures.items()):
+            log.warning(
+                "ledger check: ledger %s segment at entry %d: bookie %s cannot give entry "
+                "%d: %s; marking the ledger under-replicated",
+                name,
+                failure.segment_first,
+                bookie,
+                failure.entry_id,
+                failure.error,
+            )
+        await self.context.under_replication.mark_under_replicated(
+            record.ledger_id, failures, now_ms=self.now_ms()
+        )
+        metrics.UNDER_REPLICATED_LEDGERS_MARKED.labels(AuditorCheck.CHECK_ALL_LEDGERS.value).inc()
+        self.marked += 1
+
+    async def _read_segments(self, record: LedgerRecord) -> dict[str, _ReadFailure]:
+        """The first failure of each bookie that could not give an entry it should hold."""
+        metadata = record.metadata
+        failures: dict[str, _ReadFailure] = {}
+        percentage = self.config.auditor_ledger_verification_percentage
+
+        def reads() -> Iterable[tuple[int, int, str]]:
+            for segment, (first, last) in zip(
+                metadata.segments, metadata.segment_bounds(), strict=True
+            ):
+                if last is None:
+                    continue  # an open ledger's last segment is still being written
+                for entry_id in entries_to_verify(first, last, percentage):
+                    for position in write_set(
+                        entry_id, metadata.ensemble_size, metadata.write_quorum
+                    ):
+                        bookie = segment.ensemble[position]
+                        if bookie in self.registered:
+                            yield first, entry_id, bookie
+
+        async def read(item: tuple[int, int, str]) -> None:
+            first, entry_id, bookie = item
+            if bookie in failures:
+                return  # one failure is enough to name the bookie
+            async with self.requests:
+                error = await self._read_entry(record.ledger_id, bookie, entry_id)
+            if error is not None and bookie not in failures:
+                failures[bookie] = _ReadFailure(first, entry_id, error)
+                metrics.BOOKIE_REQUEST_FAILURES.labels(error.split(":", 1)[0]).inc()
+
+        plan = reads()
+        limit = self.config.auditor_max_concurrent_bookie_requests
+        await for_each(plan if percentage else list(plan), limit, read)
+        return failures
+
+    async def _read_entry(self, ledger_id: LedgerId, bookie: str, entry_id: int) -> str | None:
+        """None when the bookie gives the entry; else why not (error name first)."""
+        timeout = self.context.config.read_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                connection = await self.context.bookies.get(bookie)
+                raw = await connection.read(ledger_id, entry_id)
+            header = peek_header(raw)
+        except TimeoutError:
+            return f"Timeout: no answer within {timeout:g}s"
+        except TallyError as error:
+            return f"{type(error).__name__}: {error}"
+        if header.ledger_id != ledger_id or header.entry_id != entry_id:
+            return (
+                f"MisplacedEntry: answered ledger {header.ledger_id.qualified_name} entry "
+                f"{header.entry_id}"
+            )
+        return None
