@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sys
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -58,16 +57,4 @@ def sample_metadata(token: bytes | None = None, ensemble: tuple[str, ...] = ()) 
 
 async def start_service_worker(uri: str, session_timeout: float) -> StoreProcess:
     """`service_worker.py` in a child process, once it is ready."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(SERVICE_WORKER),
-        uri,
-        str(session_timeout),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    worker = StoreProcess(process, 0)
-    reply = await worker.read()
-    assert reply[0] == "ready", reply
-    worker.session_id = int(reply[1])
-    return worker
+    return await StoreProcess.start(uri, session_timeout, script=SERVICE_WORKER)

@@ -54,10 +54,11 @@ class StoreProcess:
         self.session_id = session_id
 
     @classmethod
-    async def start(cls, uri: str, session_timeout: float) -> StoreProcess:
+    async def start(cls, uri: str, session_timeout: float, script: Path = WORKER) -> StoreProcess:
+        """`script` (a worker speaking this protocol) in a child process, once ready."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(WORKER),
+            str(script),
             uri,
             str(session_timeout),
             stdin=asyncio.subprocess.PIPE,
