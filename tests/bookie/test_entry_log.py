@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tally.bookie.direct_io import aligned_up
 from tally.bookie.entry_log import (
     FILE_HEADER_SIZE,
     RECORD_HEADER_SIZE,
@@ -44,19 +45,21 @@ def test_round_trip_before_and_after_flush(tmp_path: Path) -> None:
     log = EntryLog(tmp_path)
     assert log.current_log_id is None
     locations = {entry_id: append(log, LEDGER, entry_id, 10 + entry_id) for entry_id in range(20)}
-    empty = log.append(OTHER, 0, crc32c(b""), b"")
+    last = append(log, OTHER, 0, 1)
     assert os.path.getsize(tmp_path / log_file_name(0)) == 0, "appends are only buffered"
     for entry_id, location in locations.items():
         assert location.log_id == 0
         assert location.size == RECORD_HEADER_SIZE + 10 + entry_id
         data = payload(entry_id, 10 + entry_id)
         assert log.read(location, LEDGER, entry_id) == (crc32c(data), data)
-    assert log.read(empty, OTHER, 0) == (0, b"")
+    assert log.read(last, OTHER, 0) == (crc32c(payload(0, 1)), payload(0, 1))
     log.flush()
-    assert os.path.getsize(tmp_path / "00000000.log") == empty.offset + empty.size
+    size = os.path.getsize(tmp_path / "00000000.log")
+    assert size == aligned_up(last.offset + last.size), "direct writes end on a block"
     for entry_id, location in locations.items():
         assert log.read(location, LEDGER, entry_id)[1] == payload(entry_id, 10 + entry_id)
-    assert log.read(empty, OTHER, 0) == (0, b"")
+    assert log.read(last, OTHER, 0)[1] == payload(0, 1)
+    assert [record.location for record in log.scan(0)] == [*locations.values(), last]
     log.close()
 
     reopened = EntryLog(tmp_path)
@@ -88,7 +91,7 @@ def test_rolls_at_the_size_limit(tmp_path: Path) -> None:
     assert after.log_id == huge.log_id + 1
     for log_id in ids:
         size = os.path.getsize(tmp_path / log_file_name(log_id))
-        assert size <= limit or log_id == huge.log_id
+        assert size <= aligned_up(limit) or log_id == huge.log_id, "records end by the limit"
     for entry_id, location in enumerate(locations):
         assert log.read(location, LEDGER, entry_id)[1] == payload(entry_id, 100)
     assert log.read(huge, OTHER, 0)[1] == payload(0, 3 * limit)
@@ -101,13 +104,13 @@ def test_scan_yields_every_flushed_record_in_order(tmp_path: Path) -> None:
     written = []
     for entry_id in range(10):
         ledger_id = LEDGER if entry_id % 2 else OTHER
-        written.append((append(log, ledger_id, entry_id, entry_id * 3), ledger_id, entry_id))
+        written.append((append(log, ledger_id, entry_id, entry_id * 3 + 1), ledger_id, entry_id))
     log.flush()
     unflushed = append(log, LEDGER, 99)
     records = list(log.scan(0))
     assert [(r.location, r.ledger_id, r.entry_id) for r in records] == written
     for record in records:
-        assert record.data == payload(record.entry_id, record.entry_id * 3)
+        assert record.data == payload(record.entry_id, record.entry_id * 3 + 1)
         assert record.crc32c == crc32c(record.data)
     assert unflushed.offset not in {r.location.offset for r in records}
     log.close()
@@ -125,6 +128,28 @@ def test_scan_reports_a_cut_tail_after_the_good_records(tmp_path: Path) -> None:
     with pytest.raises(EntryUnreadable, match=f"offset {last.offset}"):
         seen.extend(record.entry_id for record in log.scan(0))
     assert seen == [0, 1, 2]
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_scan_ends_at_the_padding_but_reports_zeroed_records(
+    tmp_path: Path, direct_io: bool
+) -> None:
+    """Zeros that pad the last block end the records; zeros where records follow are damage
+    (a zeroed header would otherwise read as an empty entry of ledger 0:0)."""
+    log = EntryLog(tmp_path, direct_io=direct_io)
+    locations = [append(log, LEDGER, entry_id, 100) for entry_id in range(3)]
+    log.close()
+    path = tmp_path / log_file_name(0)
+    end = locations[-1].offset + locations[-1].size
+    assert os.path.getsize(path) == (aligned_up(end) if direct_io else end)
+    assert [record.entry_id for record in log.scan(0)] == [0, 1, 2]
+    with open(path, "r+b") as file:
+        file.seek(locations[1].offset)
+        file.write(bytes(locations[1].size))
+    seen: list[int] = []
+    with pytest.raises(EntryUnreadable, match=f"offset {locations[1].offset} is zeroed"):
+        seen.extend(record.entry_id for record in log.scan(0))
+    assert seen == [0]
 
 
 def test_scan_reports_a_corrupt_record(tmp_path: Path) -> None:
@@ -221,8 +246,9 @@ def test_a_read_checks_the_ledger_entry_and_size_it_expects(tmp_path: Path) -> N
     ):
         with pytest.raises(EntryUnreadable, match="record header says"):
             log.read(where, ledger_id, entry_id)
+    end_of_file = os.path.getsize(tmp_path / log_file_name(0))
     with pytest.raises(EntryUnreadable, match="short read"):
-        log.read(location._replace(offset=location.offset + location.size + 1), LEDGER, 6)
+        log.read(location._replace(offset=end_of_file - 10), LEDGER, 6)
     with pytest.raises(EntryUnreadable, match="impossible location"):
         log.read(Location(0, 3, 40), LEDGER, 5)
     log.close()
@@ -302,6 +328,8 @@ def test_append_refuses_impossible_records(tmp_path: Path) -> None:
         log.append(LEDGER, -1, 0, b"")
     with pytest.raises(BadRequest, match="not a u32"):
         log.append(LEDGER, 0, 2**32, b"")
+    with pytest.raises(BadRequest, match="empty"):
+        log.append(LEDGER, 0, 0, b"")
     with pytest.raises(BadRequest, match="size limit"):
         EntryLog(tmp_path, size_limit=FILE_HEADER_SIZE)
     log.close()
@@ -319,7 +347,7 @@ def test_reads_from_another_thread_while_the_writer_appends_and_flushes(tmp_path
             while not done.is_set() or checked < len(published):
                 snapshot = published[:]
                 for entry_id, location in snapshot[checked:] + snapshot[:: 1 + checked // 20]:
-                    expected = payload(entry_id, entry_id % 50)
+                    expected = payload(entry_id, entry_id % 50 + 1)
                     assert log.read(location, LEDGER, entry_id)[1] == expected
                 checked = len(snapshot)
         except BaseException as error:  # reported by the main thread
@@ -328,7 +356,7 @@ def test_reads_from_another_thread_while_the_writer_appends_and_flushes(tmp_path
     thread = threading.Thread(target=reader)
     thread.start()
     for entry_id in range(2000):
-        published.append((entry_id, append(log, LEDGER, entry_id, entry_id % 50)))
+        published.append((entry_id, append(log, LEDGER, entry_id, entry_id % 50 + 1)))
         if entry_id % 97 == 0:
             log.flush()
     log.flush()

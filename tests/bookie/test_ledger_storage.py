@@ -37,9 +37,10 @@ KEY = bytes(range(32))
 
 
 def body(ledger_id: LedgerId, entry_id: int, version: int = 0) -> bytes:
-    """Deterministic entry bytes; sizes vary with the entry id, 0 bytes included."""
+    """Deterministic entry bytes; sizes vary with the entry id, from 1 byte (an entry holds
+    at least its header: ledger storage refuses empty ones)."""
     stamp = f"{ledger_id.qualified_name}/{entry_id}/{version};".encode()
-    return (stamp * (entry_id % 37))[: (entry_id * 13 + version * 7) % 300]
+    return (stamp * (entry_id % 37 + 1))[: (entry_id * 13 + version * 7) % 300 + 1]
 
 
 def add(
@@ -169,7 +170,9 @@ def test_no_such_ledger_and_no_such_entry(storage: LedgerStorage) -> None:
         with pytest.raises(BadRequest):
             storage.get_entry(L1, bad)
     with pytest.raises(BadRequest, match="LAC -2"):
-        storage.add_entry(L1, 0, 0, b"", -2)
+        storage.add_entry(L1, 0, 0, b"x", -2)
+    with pytest.raises(BadRequest, match="empty"):
+        storage.add_entry(L1, 0, 0, b"", 0)
     with pytest.raises(BadRequest, match="LedgerId"):
         storage.get_entry(1, 0)  # type: ignore[arg-type]
 

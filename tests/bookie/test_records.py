@@ -94,7 +94,7 @@ def test_the_record_layouts_are_stable() -> None:
     entry_id=st.integers(0, 2**63 - 1),
     lac=st.integers(-1, 2**63 - 1),
     explicit=st.integers(-1, 2**63 - 1),
-    payload=st.binary(max_size=300),
+    payload=st.binary(min_size=1, max_size=300),
 )
 def test_any_ledger_and_values_round_trip(
     ledger_id: LedgerId, entry_id: int, lac: int, explicit: int, payload: bytes

@@ -33,6 +33,9 @@ class BookieConfig:
     journal_max_batch_bytes: int = 1024**2
     journal_max_batch_delay_ms: float = 0.0
     """Extra wait to grow a group commit; 0 as batching adapts to load by itself."""
+    direct_io: bool = True
+    """Write journal and entry logs with O_DIRECT, past the page cache (as BookKeeper's
+    DirectEntryLogger); where the file system refuses it, they are written through it."""
     entry_log_size_limit: int = 1024**3
     """Roll entry logs at this size (logSizeLimit)."""
     flush_interval_ms: int = 60_000

@@ -21,18 +21,25 @@ is `EntryUnreadable` naming the file, the offset, the ledger and the entry: the 
 the entry exists, so "no such entry" would be a lie that lets recovery truncate a ledger.
 
 Writes are buffered: `append` only adds to a buffer in memory (no system call per entry),
-`flush` writes it with `pwritev` (the entries' own buffers, not copied), fdatasyncs, and
-lets the page cache drop the pages it completed (page_cache.py): reads of checkpointed
-entries then come from the disk. Reads of records still in the buffer are served from
-it. Threads: one writer thread appends and flushes (the checkpoint); `read` may be called
-from any thread at the same time. A short lock guards the buffer and the table of open
-files; no I/O is done while it is held.
+`flush` writes it and fdatasyncs. The writes skip the page cache (O_DIRECT, direct_io.py,
+as BookKeeper's DirectEntryLogger): the entries are read back rarely, and the page cache's
+copy, pages and writeback were the bookie's biggest cost per 64 KiB entry. The last block
+of a flush is padded with zeros and written again by the next one; the padding after the
+last record of a file is not a record (`scan` ends there). Where the file system refuses
+O_DIRECT, or with `direct_io=False`, flush writes the entries' own buffers with `pwritev`
+and lets the page cache drop the pages it completed (page_cache.py). Reads (`pread`
+through the page cache, which the kernel keeps coherent with direct writes) of
+checkpointed entries then come from the disk. Reads of records still in the buffer are
+served from it. Threads: one writer thread appends and flushes (the checkpoint); `read`
+may be called from any thread at the same time. A short lock guards the buffer and the
+table of open files; no I/O is done while it is held.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import struct
@@ -43,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from tally.bookie.direct_io import ALIGNMENT, DirectAppender, enable_direct
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
@@ -67,6 +75,8 @@ _SCAN_CHUNK = 1 << 20
 _IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 _FILE_NAME = re.compile(r"([0-9a-f]{8})\.log")
+
+log = logging.getLogger(__name__)
 
 
 class Location(NamedTuple):
@@ -118,14 +128,24 @@ class _ReadHandle:
     retired: bool = False
 
 
+def _is_padding(rest: bytes, offset: int, file_size: int) -> bool:
+    """Whether `rest`, the file from `offset` on, is the zeros that pad a direct write's last
+    block: nothing but zeros, up to the end of that block, which is the end of the file."""
+    padded = file_size % ALIGNMENT == 0 and file_size - offset == len(rest) < ALIGNMENT
+    return padded and not any(rest)
+
+
 class EntryLog:
     """The entry logs of one directory: a current log to append to, older ones to read."""
 
-    def __init__(self, directory: Path, *, size_limit: int = DEFAULT_LOG_SIZE_LIMIT) -> None:
+    def __init__(
+        self, directory: Path, *, size_limit: int = DEFAULT_LOG_SIZE_LIMIT, direct_io: bool = True
+    ) -> None:
         if size_limit <= FILE_HEADER_SIZE:
             raise BadRequest(f"entry log size limit {size_limit} must exceed {FILE_HEADER_SIZE}")
         self.directory = directory
         self.size_limit = size_limit
+        self.direct_io = direct_io
         try:
             directory.mkdir(parents=True, exist_ok=True)
             existing = self._scan_directory()
@@ -136,6 +156,7 @@ class EntryLog:
         # Writer state (changed by the writer thread, under the lock).
         self._current: int | None = None
         self._writer_fd = -1
+        self._appender: DirectAppender | None = None
         self._written = 0
         """Bytes of the current log already in its file (pwrite'd)."""
         self._end = 0
@@ -161,6 +182,11 @@ class EntryLog:
             raise BadRequest(f"entry id {entry_id} of ledger {ledger_id} is outside 0..2^63-1")
         if not 0 <= crc < 2**32:
             raise BadRequest(f"CRC32C {crc} of entry {entry_id} of ledger {ledger_id} is not a u32")
+        if not data:
+            raise BadRequest(
+                f"entry {entry_id} of ledger {ledger_id} is empty; an entry holds at least its "
+                "header, and an empty record could not be told from padding"
+            )
         if len(data) > MAX_ENTRY_SIZE:
             raise BadRequest(
                 f"entry {entry_id} of ledger {ledger_id} has {len(data)} bytes; "
@@ -194,7 +220,10 @@ class EntryLog:
             return
         path = self.directory / log_file_name(current)
         try:
-            self._write_all(self._writer_fd, self._pending, self._written)
+            if self._appender is not None:
+                self._appender.append(self._pending)
+            else:
+                self._write_all(self._writer_fd, self._pending, self._written)
             os.fdatasync(self._writer_fd)
             if self._needs_directory_sync:
                 self._sync_directory()
@@ -204,7 +233,8 @@ class EntryLog:
             raise WriteFailed(
                 f"entry log {path}: write or fdatasync failed at offset {self._written}: {error}"
             ) from error
-        drop_written(self._writer_fd, self._written, self._end)
+        if self._appender is None:
+            drop_written(self._writer_fd, self._written, self._end)
         with self._lock:
             self._written = self._end
             self._pending = []
@@ -223,11 +253,30 @@ class EntryLog:
         except OSError as error:
             raise WriteFailed(f"cannot create entry log {path}: {error}") from error
         self._next_log_id += 1
+        appender = self._direct_appender(fd, path)
         with self._lock:
-            self._current, self._writer_fd = log_id, fd
+            self._current, self._writer_fd, self._appender = log_id, fd, appender
             self._written, self._end = 0, FILE_HEADER_SIZE
             self._pending = [_file_header(log_id)]
         self._needs_directory_sync = True
+
+    def _direct_appender(self, fd: int, path: Path) -> DirectAppender | None:
+        if not self.direct_io:
+            return None
+        try:
+            direct = enable_direct(fd)
+        except OSError as error:
+            os.close(fd)
+            raise WriteFailed(f"cannot open entry log {path} for direct writes: {error}") from error
+        if not direct:
+            log.info(
+                "entry logs in %s: the file system refuses O_DIRECT; writing through the "
+                "page cache",
+                self.directory,
+            )
+            self.direct_io = False
+            return None
+        return DirectAppender(fd, 0)
 
     @staticmethod
     def _write_all(fd: int, buffers: list[bytes], offset: int) -> None:
@@ -259,6 +308,9 @@ class EntryLog:
         self._close_writer()
 
     def _close_writer(self) -> None:
+        if self._appender is not None:
+            self._appender.close()
+            self._appender = None
         if self._writer_fd >= 0:
             # The data was fdatasync'ed or abandoned: a failing close loses nothing.
             with contextlib.suppress(OSError):
@@ -405,8 +457,13 @@ class EntryLog:
                 if problem is not None:
                     raise EntryUnreadable(f"entry log {path}: {problem}")
                 offset = FILE_HEADER_SIZE
+                file_size = os.fstat(file.fileno()).st_size
                 while header := file.read(RECORD_HEADER_SIZE):
                     where = f"entry log {path}: record at offset {offset}"
+                    if not any(header):
+                        if _is_padding(header + file.read(), offset, file_size):
+                            return
+                        raise EntryUnreadable(f"{where} is zeroed")
                     if len(header) < RECORD_HEADER_SIZE:
                         raise EntryUnreadable(f"{where} is cut inside its header")
                     length, crc, scope, ledger, entry = _RECORD_HEADER.unpack(header)

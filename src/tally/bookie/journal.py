@@ -34,8 +34,15 @@ the writes, so every record lands inside the file's size: fdatasync has no size 
 commit, where appending to a growing file makes every fdatasync also commit the inode
 (bench/bench_journal.py measures both). On ext4 fdatasync still records that the extents
 it wrote are no longer unwritten; zero-filling instead (as BookKeeper does) measured no
-faster here and writes every byte twice. Once synced, the pages a batch completed leave
-the page cache (page_cache.py): only a replay reads them again.
+faster here and writes every byte twice.
+
+Writes skip the page cache (O_DIRECT through one aligned buffer, direct_io.py): only a
+replay reads the journal again, and the page cache's copy, pages and writeback cost a 64 KiB
+record more than its share of the disk did. Where the file system refuses O_DIRECT, or with
+`direct_io=False`, records are written through the page cache and the pages a batch
+completed are dropped once synced (page_cache.py). A batch that ends inside a disk block
+leaves that block zero-padded and writes it again, same bytes first, with the next batch:
+replay takes the zeros for the end of the records, as it does preallocated space.
 
 Group commit: records are framed on the event loop as they arrive and queue up; one
 journal thread takes everything queued (a batch closes at the record that brings it to
@@ -68,6 +75,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
+from tally.bookie.direct_io import DirectAppender, aligned_up, enable_direct
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
@@ -196,6 +204,13 @@ class _OpenFile:
     fd: int
     position: int
     allocated: int
+    appender: DirectAppender | None
+    """Writes the file with O_DIRECT; None where it is written through the page cache."""
+
+    def close(self) -> None:
+        if self.appender is not None:
+            self.appender.close()
+        os.close(self.fd)
 
 
 class _State(enum.Enum):
@@ -248,6 +263,7 @@ class Journal:
         max_batch_delay: float = 0.0,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         fsync: bool = True,
+        direct_io: bool = True,
     ) -> None:
         if file_size <= HEADER_SIZE:
             raise BadRequest(f"journal file_size {file_size} must exceed the header")
@@ -263,6 +279,7 @@ class Journal:
         self.max_batch_delay = max_batch_delay
         self.max_batch_bytes = max_batch_bytes
         self.fsync = fsync
+        self.direct_io = direct_io
         self.stats = JournalStats()
         self._state = _State.NEW
         self._failure: WriteFailed | None = None
@@ -362,8 +379,9 @@ class Journal:
         path = self.directory / file_name(file_id)
         temporary = path.with_name(path.name + _TEMPORARY_SUFFIX)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        header = _FileHeader(file_id, *previous).to_bytes()
         try:
-            _write_all(fd, [_FileHeader(file_id, *previous).to_bytes()], 0)
+            _write_all(fd, [header], 0)
             allocated = min(self.preallocate_size, self.file_size)
             os.posix_fallocate(fd, 0, allocated)
             if self.fsync:
@@ -371,12 +389,25 @@ class Journal:
             temporary.rename(path)
             if self.fsync:
                 _fsync_directory(self.directory)
+            appender = self._appender(fd, header)
         except BaseException:
             os.close(fd)
             temporary.unlink(missing_ok=True)
             raise
         self.stats.files_created += 1
-        return _OpenFile(file_id, path, fd, HEADER_SIZE, max(allocated, HEADER_SIZE))
+        return _OpenFile(file_id, path, fd, HEADER_SIZE, max(allocated, HEADER_SIZE), appender)
+
+    def _appender(self, fd: int, header: bytes) -> DirectAppender | None:
+        if not self.direct_io:
+            return None
+        if not enable_direct(fd):
+            log.info(
+                "journal %s: the file system refuses O_DIRECT; writing through the page cache",
+                self.directory,
+            )
+            self.direct_io = False
+            return None
+        return DirectAppender(fd, HEADER_SIZE, header)
 
     # -- appends -------------------------------------------------------------------------
 
@@ -508,10 +539,11 @@ class Journal:
             outcome = e
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._batch_done, waiters, outcome)
-        if self.fsync and not isinstance(outcome, Exception) and self._file is not None:
+        f = self._file
+        if self.fsync and not isinstance(outcome, Exception) and f and f.appender is None:
             # Once the answer is on its way: only a replay reads the journal again.
             end = outcome[1][-1]
-            drop_written(self._file.fd, end - size, end)
+            drop_written(f.fd, end - size, end)
 
     def _write_batch(
         self, parts: list[bytes], sizes: list[int], size: int
@@ -523,11 +555,15 @@ class Journal:
                 f = self._roll(f)
             if f.position + size > f.allocated:
                 target = max(
-                    f.position + size, min(f.allocated + self.preallocate_size, self.file_size)
+                    aligned_up(f.position + size),
+                    min(f.allocated + self.preallocate_size, self.file_size),
                 )
                 os.posix_fallocate(f.fd, f.allocated, target - f.allocated)
                 f.allocated = target
-            _write_all(f.fd, parts, f.position)
+            if f.appender is not None:
+                f.appender.append(parts)
+            else:
+                _write_all(f.fd, parts, f.position)
             if self.fsync:
                 started = time.perf_counter()
                 os.fdatasync(f.fd)
@@ -549,7 +585,7 @@ class Journal:
 
     def _roll(self, old: _OpenFile) -> _OpenFile:
         self._file = self._create(old.file_id + 1, JournalMark(old.file_id, old.position))
-        os.close(old.fd)
+        old.close()
         return self._file
 
     def _batch_done(
@@ -632,7 +668,7 @@ class Journal:
 
     def _close_file(self) -> None:
         if self._file is not None:
-            os.close(self._file.fd)
+            self._file.close()
             self._file = None
 
     def release_before(self, mark: JournalMark) -> list[Path]:

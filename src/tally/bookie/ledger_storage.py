@@ -188,9 +188,15 @@ class _Counters:
 class LedgerStorage:
     """The bookie's ledger storage in `directory` (entry logs in `logs/`, index in `index/`)."""
 
-    def __init__(self, directory: Path, *, log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT,
+        direct_io: bool = True,
+    ) -> None:
         self.directory = directory
-        self._log = EntryLog(directory / "logs", size_limit=log_size_limit)
+        self._log = EntryLog(directory / "logs", size_limit=log_size_limit, direct_io=direct_io)
         if not (directory / "index").exists() and self._log.log_ids():
             # The index is created before any log: its absence means it was lost, and an
             # empty one would answer NoSuchEntry for every entry the bookie acknowledged.
@@ -228,6 +234,8 @@ class LedgerStorage:
         """
         _check_entry_id(entry_id, ledger_id)
         _check_lac(last_add_confirmed, ledger_id)
+        if not data:
+            raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
         stored = bytes(data)
         actual = compute_crc32c(stored)
         if actual != crc32c:

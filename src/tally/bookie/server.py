@@ -135,13 +135,16 @@ class Bookie:
             [journal_dir, ledger_dir],
             cluster.instance_id,
         )
-        self._storage = LedgerStorage(ledger_dir, log_size_limit=config.entry_log_size_limit)
+        self._storage = LedgerStorage(
+            ledger_dir, log_size_limit=config.entry_log_size_limit, direct_io=config.direct_io
+        )
         self._journal = Journal(
             journal_dir,
             file_size=config.journal_file_size,
             preallocate_size=config.journal_preallocate_size,
             max_batch_delay=config.journal_max_batch_delay_ms / 1000,
             max_batch_bytes=config.journal_max_batch_bytes,
+            direct_io=config.direct_io,
         )
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
