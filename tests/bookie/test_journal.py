@@ -139,6 +139,7 @@ def test_concurrent_appends_are_batched_and_acknowledged_after_their_fdatasync(
         return written
 
     def fdatasync(fd: int) -> None:
+        events.append(("sync-start", 0))
         real_fdatasync(fd)
         events.append(("sync", 0))
 
@@ -159,13 +160,15 @@ def test_concurrent_appends_are_batched_and_acknowledged_after_their_fdatasync(
         return journal
 
     journal = run(scenario())
-    written = synced = 0
+    written = covered = synced = 0
     acks = 0
     for kind, value in events:
         if kind == "write":
             written = max(written, value)
+        elif kind == "sync-start":
+            covered = written  # a write that ends while the sync runs is not covered by it
         elif kind == "sync":
-            synced = written
+            synced = covered
         else:
             acks += 1
             assert value <= synced, f"record ending at {value} acknowledged before its fdatasync"
@@ -306,6 +309,17 @@ def test_every_start_writes_a_new_file_and_replay_sees_all_of_them(tmp_path: Pat
     assert [record for _, record in replayed(tmp_path)] == [b"a", b"b", b"c"]
 
 
+def open_files_under(directory: Path) -> list[str]:
+    """Paths under `directory` that this process holds open."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                found.append(target)
+    return found
+
+
 def test_files_roll_over_before_exceeding_file_size(tmp_path: Path) -> None:
     records = numbered(100, 96)
     marks = run(
@@ -315,6 +329,7 @@ def test_files_roll_over_before_exceeding_file_size(tmp_path: Path) -> None:
     )
     files = journal_files(tmp_path)
     assert len(files) > 10
+    assert not open_files_under(tmp_path), "every rolled-away file is closed once synced"
     assert [file_id for file_id, _ in files] == sorted({mark.file_id for mark in marks})
     for file_id, path in files[:-1]:
         assert path.stat().st_size <= aligned_up(1024), "records within, then a padded block"
