@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tally.bookie.entry_log import Location
 from tally.bookie.index import Index, LedgerState
+from tally.bookie.journal_entries import JournalLocation
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
 
@@ -158,11 +159,14 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"
     raw.get_column_family("ledgers")[key] = b"garbage"
+    raw.get_column_family("meta")[b"kept_journal_files"] = b"odd"
     raw.close()
     del raw
     index = Index(path)
     with pytest.raises(EntryUnreadable, match="location of entry 3 of ledger 7 has 5 bytes"):
         index.location(LedgerId(0, 7), 3)
+    with pytest.raises(EntryUnreadable, match="kept journal files take 3 bytes"):
+        index.kept_journal_files()
     with pytest.raises(EntryUnreadable, match="state of ledger 7 has 7 bytes"):
         index.ledger_state(LedgerId(0, 7))
     index.close()
@@ -176,8 +180,10 @@ def test_journal_mark_and_state_survive_reopen_after_sync(tmp_path: Path) -> Non
     state = LedgerState(master_key=b"k" * 32, fenced=True, explicit_lac=4, last_entry=9)
     batch.put_state(LedgerId(2, 3), state)
     batch.put_location(LedgerId(2, 3), 9, Location(1, 20, 300))
+    batch.put_location(LedgerId(2, 3), 10, JournalLocation(2**64 - 1, 2**63, 2**32 - 1, 0xFFFFFFFF))
     batch.put_journal_mark(b"\x00mark\xff")
-    assert len(batch) == 3
+    batch.put_kept_journal_files({5, 2**64 - 1, 3})
+    assert len(batch) == 5
     index.write(batch)
     index.sync()
     index.close()
@@ -189,6 +195,10 @@ def test_journal_mark_and_state_survive_reopen_after_sync(tmp_path: Path) -> Non
     assert reopened.journal_mark() == b"\x00mark\xff"
     assert reopened.ledger_state(LedgerId(2, 3)) == state
     assert reopened.location(LedgerId(2, 3), 9) == Location(1, 20, 300)
+    assert reopened.location(LedgerId(2, 3), 10) == JournalLocation(
+        2**64 - 1, 2**63, 2**32 - 1, 0xFFFFFFFF
+    )
+    assert reopened.kept_journal_files() == {3, 5, 2**64 - 1}
     reopened.close()
 
 

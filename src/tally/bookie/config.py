@@ -36,6 +36,12 @@ class BookieConfig:
     direct_io: bool = True
     """Write journal and entry logs with O_DIRECT, past the page cache (as BookKeeper's
     DirectEntryLogger); where the file system refuses it, they are written through it."""
+    keep_large_entries_in_journal: bool | None = None
+    """Let entries of 16 KiB and more stay where the journal wrote them instead of copying
+    them into entry logs at each checkpoint (journal_entries.py): every byte is then written
+    once. None: when the journal and ledger directories are on the same device, where the
+    copy would halve the disk's bandwidth; on separate disks (BookKeeper's advice) they are
+    copied, and the journal's disk holds only recent writes."""
     entry_log_size_limit: int = 1024**3
     """Roll entry logs at this size (logSizeLimit)."""
     flush_interval_ms: int = 60_000

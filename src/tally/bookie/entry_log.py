@@ -44,14 +44,13 @@ import os
 import re
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from tally.bookie.direct_io import ALIGNMENT, DirectAppender, enable_direct
 from tally.bookie.page_cache import drop_written
+from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import LedgerId
@@ -69,8 +68,6 @@ DEFAULT_LOG_SIZE_LIMIT = 1 << 30
 MAX_LOG_ID = 2**32 - 1
 MAX_ENTRY_SIZE = 2**32 - 1 - RECORD_HEADER_SIZE
 """A location's size is a uint32 and covers the record header too."""
-MAX_OPEN_LOGS = 256
-"""Read handles kept open (least recently used go first): a big disk holds thousands of logs."""
 _SCAN_CHUNK = 1 << 20
 _IOV_MAX = os.sysconf("SC_IOV_MAX")
 
@@ -119,15 +116,6 @@ def _header_problem(raw: bytes, log_id: int) -> str | None:
     return None
 
 
-@dataclass(slots=True)
-class _ReadHandle:
-    """An open log for preads; closed once unused after it left the table."""
-
-    fd: int
-    users: int = 0
-    retired: bool = False
-
-
 def _is_padding(rest: bytes, offset: int, file_size: int) -> bool:
     """Whether `rest`, the file from `offset` on, is the zeros that pad a direct write's last
     block: nothing but zeros, up to the end of that block, which is the end of the file."""
@@ -166,7 +154,7 @@ class EntryLog:
         self._pending_records: dict[int, tuple[bytes, bytes]] = {}
         """Header and entry bytes of each buffered record, by offset, for reads."""
         self._needs_directory_sync = False
-        self._readers: OrderedDict[int, _ReadHandle] = OrderedDict()
+        self._handles = ReadHandles(self._open_for_reading)
         self._closed = False
 
     # -- writing (one writer thread) --------------------------------------------------
@@ -371,60 +359,16 @@ class EntryLog:
         return b"" if record is None else record[0] + record[1]
 
     def _pread(self, location: Location, ledger_id: LedgerId, entry_id: int) -> bytes:
-        handle = self._acquire(location, ledger_id, entry_id)
         try:
-            return os.pread(handle.fd, location.size, location.offset)
-        except OSError as error:
-            raise EntryUnreadable(
-                f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
-            ) from error
-        finally:
-            self._release(handle)
-
-    def _acquire(self, location: Location, ledger_id: LedgerId, entry_id: int) -> _ReadHandle:
-        log_id = location.log_id
-        with self._lock:
-            handle = self._readers.get(log_id)
-            if handle is not None:
-                self._readers.move_to_end(log_id)
-                handle.users += 1
-                return handle
-        try:
-            fd = self._open_for_reading(log_id)
+            return self._handles.pread(location.log_id, location.size, location.offset)
         except EntryUnreadable as error:
             raise EntryUnreadable(
                 f"{self._where(location, ledger_id, entry_id)}: {error}"
             ) from error
-        with self._lock:
-            handle = self._readers.get(log_id)
-            if handle is None:
-                handle = self._readers[log_id] = _ReadHandle(fd)
-                self._evict()
-            else:
-                os.close(fd)
-            handle.users += 1
-            return handle
-
-    def _release(self, handle: _ReadHandle) -> None:
-        with self._lock:
-            handle.users -= 1
-            if handle.retired and handle.users == 0:
-                os.close(handle.fd)
-
-    def _evict(self) -> None:
-        """Close the least recently used idle handles beyond MAX_OPEN_LOGS (under the lock)."""
-        for log_id in list(self._readers)[: max(0, len(self._readers) - MAX_OPEN_LOGS)]:
-            if self._readers[log_id].users == 0:
-                self._retire(log_id)
-
-    def _retire(self, log_id: int) -> None:
-        """Drop a handle from the table; it closes now, or when its last reader is done."""
-        handle = self._readers.pop(log_id, None)
-        if handle is None:
-            return
-        handle.retired = True
-        if handle.users == 0:
-            os.close(handle.fd)
+        except OSError as error:
+            raise EntryUnreadable(
+                f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
+            ) from error
 
     def _open_for_reading(self, log_id: int) -> int:
         """An fd of the log, its file header checked; EntryUnreadable saying why not."""
@@ -503,8 +447,7 @@ class EntryLog:
         """Remove a log file (garbage collection, once nothing the index holds is in it)."""
         if log_id == self._current:
             raise IllegalOperation(f"entry log {log_id} is the current log; it cannot be deleted")
-        with self._lock:
-            self._retire(log_id)
+        self._handles.retire(log_id)
         path = self.directory / log_file_name(log_id)
         try:
             path.unlink()
@@ -521,6 +464,4 @@ class EntryLog:
         finally:
             self._closed = True
             self._close_writer()
-            with self._lock:
-                for log_id in list(self._readers):
-                    self._retire(log_id)
+            self._handles.close()

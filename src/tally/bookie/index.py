@@ -3,8 +3,13 @@
 Column families, all in raw mode, keys big-endian so that byte order is numeric order:
 
     default   (scope u64, ledger u64, entry id u64)  ->  (log id u32, offset u64, size u32)
+                                                         in an entry log, or (journal file id
+                                                         u64, offset u64, size u32, CRC32C
+                                                         u32) in the journal (24 bytes)
     ledgers   (scope u64, ledger u64)                ->  LedgerState, 74 bytes
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
+              b"kept_journal_files"                  ->  ids (u64 each) of the journal files
+                                                         that hold indexed entries
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -19,7 +24,7 @@ never be taken for an index without the entry), a failed write is `WriteFailed`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -30,6 +35,7 @@ import numpy.typing as npt
 import rocksdict
 
 from tally.bookie.entry_log import Location
+from tally.bookie.journal_entries import JournalLocation
 from tally.core.errors import (
     BadRequest,
     EntryUnreadable,
@@ -44,6 +50,8 @@ Int64Array = npt.NDArray[np.int64]
 _ENTRY_KEY = struct.Struct(">QQQ")
 _LEDGER_KEY = struct.Struct(">QQ")
 _LOCATION = struct.Struct(">IQI")
+_JOURNAL_LOCATION = struct.Struct(">QQII")
+_FILE_ID = struct.Struct(">Q")
 _STATE = struct.Struct(">BB32sqqqQQ")
 _STATE_VERSION = 1
 _FENCED = 0x01
@@ -52,6 +60,7 @@ MASTER_KEY_SIZE = 32
 _LEDGERS = "ledgers"
 _META = "meta"
 _JOURNAL_MARK = b"journal_mark"
+_KEPT_JOURNAL_FILES = b"kept_journal_files"
 _PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
 _SCAN_CHUNK = 1 << 16
 
@@ -145,13 +154,15 @@ def _bounded(upper: bytes) -> rocksdict.ReadOptions:
     return options
 
 
-def _location(raw: bytes, ledger_id: LedgerId, entry_id: int) -> Location:
-    if len(raw) != _LOCATION.size:
-        raise EntryUnreadable(
-            f"index: location of entry {entry_id} of ledger {ledger_id} has {len(raw)} bytes, "
-            f"not {_LOCATION.size}: the index is damaged"
-        )
-    return Location._make(_LOCATION.unpack(raw))
+def _location(raw: bytes, ledger_id: LedgerId, entry_id: int) -> Location | JournalLocation:
+    if len(raw) == _LOCATION.size:
+        return Location._make(_LOCATION.unpack(raw))
+    if len(raw) == _JOURNAL_LOCATION.size:
+        return JournalLocation._make(_JOURNAL_LOCATION.unpack(raw))
+    raise EntryUnreadable(
+        f"index: location of entry {entry_id} of ledger {ledger_id} has {len(raw)} bytes, "
+        f"not {_LOCATION.size} or {_JOURNAL_LOCATION.size}: the index is damaged"
+    )
 
 
 class IndexBatch:
@@ -166,10 +177,15 @@ class IndexBatch:
     def __len__(self) -> int:
         return self._batch.len()
 
-    def put_location(self, ledger_id: LedgerId, entry_id: int, location: Location) -> None:
-        self._batch.put(
-            _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id), _LOCATION.pack(*location)
+    def put_location(
+        self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
+    ) -> None:
+        packed = (
+            _JOURNAL_LOCATION.pack(*location)
+            if isinstance(location, JournalLocation)
+            else _LOCATION.pack(*location)
         )
+        self._batch.put(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id), packed)
 
     def delete_entry(self, ledger_id: LedgerId, entry_id: int) -> None:
         self._batch.delete(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id))
@@ -184,6 +200,10 @@ class IndexBatch:
 
     def put_journal_mark(self, mark: bytes) -> None:
         self._batch.put(_JOURNAL_MARK, bytes(mark), self._index._meta_handle)
+
+    def put_kept_journal_files(self, file_ids: Iterable[int]) -> None:
+        packed = b"".join(_FILE_ID.pack(file_id) for file_id in sorted(file_ids))
+        self._batch.put(_KEPT_JOURNAL_FILES, packed, self._index._meta_handle)
 
 
 class Index:
@@ -230,7 +250,7 @@ class Index:
 
     # -- reads ----------------------------------------------------------------------
 
-    def location(self, ledger_id: LedgerId, entry_id: int) -> Location | None:
+    def location(self, ledger_id: LedgerId, entry_id: int) -> Location | JournalLocation | None:
         key = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id)
         try:
             raw = self._db.get(key)
@@ -286,6 +306,21 @@ class Index:
                 f"index: cannot read the state of ledger {ledger_id}: {error}"
             ) from error
         return None if raw is None else LedgerState.from_bytes(raw, ledger_id)
+
+    def kept_journal_files(self) -> set[int]:
+        """The journal files that hold entries the index points to (see journal_entries)."""
+        try:
+            raw = self._meta_db.get(_KEPT_JOURNAL_FILES)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the kept journal files: {error}") from error
+        if raw is None:
+            return set()
+        if len(raw) % _FILE_ID.size:
+            raise EntryUnreadable(
+                f"index: the kept journal files take {len(raw)} bytes, not a multiple of "
+                f"{_FILE_ID.size}: the index is damaged"
+            )
+        return {file_id for (file_id,) in _FILE_ID.iter_unpack(raw)}
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""

@@ -72,7 +72,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -114,8 +114,9 @@ _TEMPORARY_SUFFIX = ".tmp"
 _IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
-Done: TypeAlias = Callable[[Exception | None], None]
-"""`append_then`'s callback: None once the record is durable, else the WriteFailed."""
+Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
+"""`append_then`'s callback: (the record's mark, None) once it is durable, else (None, the
+WriteFailed)."""
 
 
 class JournalMark(NamedTuple):
@@ -479,8 +480,8 @@ class Journal:
         return future
 
     def append_then(self, head: bytes, body: bytes, done: Done) -> None:
-        """Journal the record `head + body`; call `done(None)` once it is durable, or
-        `done(error)` with the WriteFailed that lost it.
+        """Journal the record `head + body`; call `done(mark, None)` with its mark once it is
+        durable, or `done(None, error)` with the WriteFailed that lost it.
 
         The parts are written as they are, never joined, and `done` is called from the
         batch's completion on the event loop (it must not raise): the add path's way in.
@@ -723,7 +724,7 @@ class Journal:
                     if not waiter.done():
                         waiter.set_result(JournalMark(file_id, end))
                 else:
-                    _call(waiter, None)
+                    _call(waiter, JournalMark(file_id, end), None)
         if self._in_flight or self._pending_sync:
             return
         if self._sizes:
@@ -750,7 +751,7 @@ class Journal:
                 if not waiter.done():
                     waiter.set_exception(self._write_failed())
             else:
-                _call(waiter, self._write_failed())
+                _call(waiter, None, self._write_failed())
 
     def _write_failed(self) -> WriteFailed:
         """A fresh error per future (a shared one would collect every awaiter's traceback)."""
@@ -791,8 +792,9 @@ class Journal:
             self._file.close()
             self._file = None
 
-    def release_before(self, mark: JournalMark) -> list[Path]:
-        """Delete the files wholly before `mark` (a checkpoint's); returns those deleted.
+    def release_before(self, mark: JournalMark, keep: Collection[int] = ()) -> list[Path]:
+        """Delete the files wholly before `mark` (a checkpoint's) but those whose ids are in
+        `keep` (ledger storage still reads entries there); returns those deleted.
 
         Blocking (unlink, directory fsync): call it from the checkpoint's thread. The file
         being written is never deleted, whatever the mark.
@@ -800,7 +802,11 @@ class Journal:
         limit = mark.file_id
         if self._state is not _State.NEW:
             limit = min(limit, self._last_mark.file_id)
-        released = [path for file_id, path in journal_files(self.directory) if file_id < limit]
+        released = [
+            path
+            for file_id, path in journal_files(self.directory)
+            if file_id < limit and file_id not in keep
+        ]
         for path in released:
             path.unlink(missing_ok=True)
         if released and self.fsync:
@@ -808,10 +814,10 @@ class Journal:
         return released
 
 
-def _call(done: Done, error: Exception | None) -> None:
+def _call(done: Done, mark: JournalMark | None, error: Exception | None) -> None:
     """Run an `append_then` callback; one that raises must not keep the rest unanswered."""
     try:
-        done(error)
+        done(mark, error)
     except Exception:
         log.exception("journal: a record's callback failed")
 

@@ -54,6 +54,7 @@ from tally.bookie.entry_log import (
     EntryLog,
 )
 from tally.bookie.index import MASTER_KEY_SIZE, Index, IndexBatch, Int64Array, LedgerState
+from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
 from tally.core.digest import crc32c as compute_crc32c
@@ -94,12 +95,14 @@ class _WriteCache:
 
     One dict look-up per add: a LedgerId hashes and compares in Python, per look-up."""
 
-    __slots__ = ("_ledgers", "byte_count", "entry_count")
+    __slots__ = ("_ledgers", "byte_count", "entry_count", "kept")
 
     def __init__(self) -> None:
         self._ledgers: dict[LedgerId, _CachedLedger] = {}
         self.entry_count = 0
         self.byte_count = 0
+        self.kept: dict[tuple[LedgerId, int], JournalLocation] = {}
+        """Where the journal holds the cached entries it keeps (journal_entries.py)."""
 
     def put(self, ledger_id: LedgerId, entry_id: int, stored: _Stored) -> None:
         cached = self._ledgers.get(ledger_id)
@@ -112,6 +115,7 @@ class _WriteCache:
             self.entry_count += 1
         else:
             self.byte_count -= len(previous[1])
+            self.kept.pop((ledger_id, entry_id), None)
         cached.entries[entry_id] = stored
         self.byte_count += len(stored[1])
 
@@ -135,6 +139,8 @@ class _WriteCache:
         if cached is not None:
             self.entry_count -= len(cached.entries)
             self.byte_count -= sum(len(data) for _, data in cached.entries.values())
+            for entry_id in cached.entries:
+                self.kept.pop((ledger_id, entry_id), None)
 
     def drop_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> None:
         cached = self._ledgers.get(ledger_id)
@@ -145,6 +151,7 @@ class _WriteCache:
             if dropped is not None:
                 self.entry_count -= 1
                 self.byte_count -= len(dropped[1])
+                self.kept.pop((ledger_id, entry_id), None)
         if cached.entries:
             cached.last = max(cached.entries)
         else:
@@ -155,6 +162,7 @@ class _WriteCache:
         for ledger_id, cached in newer._ledgers.items():
             for entry_id, stored in cached.entries.items():
                 self.put(ledger_id, entry_id, stored)
+        self.kept.update(newer.kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +202,10 @@ class LedgerStorage:
         *,
         log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT,
         direct_io: bool = True,
+        journal_entries: JournalEntries | None = None,
     ) -> None:
+        """`journal_entries`: where to read the entries that `keep_in_journal` leaves in the
+        journal; without it, every entry is copied into the entry logs."""
         self.directory = directory
         self._log = EntryLog(directory / "logs", size_limit=log_size_limit, direct_io=direct_io)
         if not (directory / "index").exists() and self._log.log_ids():
@@ -205,6 +216,9 @@ class LedgerStorage:
                 "index (restore it, or decommission this bookie's data)"
             )
         self._index = Index(directory / "index")
+        self._journal = journal_entries
+        self._kept_files = self._index.kept_journal_files()
+        """Journal files holding entries the index points to: the journal keeps them."""
         self._lock = threading.Lock()
         self._maintenance = threading.Lock()
         self._cache = _WriteCache()
@@ -218,6 +232,27 @@ class LedgerStorage:
         self._counters = _Counters()
 
     # -- writes (event loop) --------------------------------------------------------
+
+    def keep_in_journal(
+        self, ledger_id: LedgerId, entry_id: int, location: JournalLocation
+    ) -> None:
+        """Let the entry's checkpoint index its durable journal record at `location` rather
+        than copy it into an entry log. Ignored if the cache holds other bytes for it by now
+        (another CRC32C or size: a re-add of the same bytes may keep either record)."""
+        if self._journal is None:
+            return
+        with self._lock:
+            stored = self._cache.get(ledger_id, entry_id)
+            if stored is not None and (stored[0], len(stored[1])) == (
+                location.crc32c,
+                location.size,
+            ):
+                self._cache.kept[ledger_id, entry_id] = location
+
+    def kept_journal_files(self) -> frozenset[int]:
+        """The journal files that the index points into, which must not be deleted."""
+        with self._lock:
+            return frozenset(self._kept_files)
 
     def add_entry(
         self,
@@ -309,6 +344,13 @@ class LedgerStorage:
             return stored
         try:
             location = self._index.location(ledger_id, entry_id)
+            if isinstance(location, JournalLocation):
+                if self._journal is None:
+                    raise EntryUnreadable(
+                        f"entry {entry_id} of ledger {ledger_id} is kept in journal file "
+                        f"{location.file_id}, and this storage was opened without the journal"
+                    )
+                return self._journal.read(location, ledger_id, entry_id)
             if location is not None:
                 return self._log.read(location, ledger_id, entry_id)
         except EntryUnreadable:
@@ -495,6 +537,8 @@ class LedgerStorage:
         a state's totals, so they are read here without the lock.
         """
         totals = {}
+        kept = cache.kept
+        kept_files = {location.file_id for location in kept.values()}
         for ledger_id in cache.ledgers():
             state = self._states[ledger_id]
             bound, count, size = state.last_entry, state.entry_count, state.byte_count
@@ -502,12 +546,19 @@ class LedgerStorage:
             entry_ids = sorted(entries)
             for entry_id in entry_ids:
                 crc, data = entries[entry_id]
+                location = kept.get((ledger_id, entry_id)) if kept else None
                 batch.put_location(
-                    ledger_id, entry_id, self._log.append(ledger_id, entry_id, crc, data)
+                    ledger_id,
+                    entry_id,
+                    location or self._log.append(ledger_id, entry_id, crc, data),
                 )
                 count, size = self._counted(ledger_id, entry_id, len(data), bound, count, size)
             totals[ledger_id] = _Totals(max(bound, entry_ids[-1]), count, size)
         self._log.flush()
+        if not kept_files <= self._kept_files:
+            with self._lock:
+                self._kept_files |= kept_files
+            batch.put_kept_journal_files(self._kept_files)
         return totals
 
     def _counted(
@@ -585,6 +636,8 @@ class LedgerStorage:
         with self._maintenance:
             try:
                 self._log.close()
+                if self._journal is not None:
+                    self._journal.close()
             finally:
                 self._index.close()
 

@@ -9,24 +9,21 @@ every application is idempotent, so replaying twice is harmless.
 
 from __future__ import annotations
 
-import enum
 import struct
 
+from tally.bookie.journal import JournalMark
+from tally.bookie.journal_entries import (
+    ENTRY_HEAD,
+    KEPT_ENTRY_SIZE,
+    JournalLocation,
+    RecordType,
+)
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.admission import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
 
-
-class RecordType(enum.IntEnum):
-    ENTRY = 1
-    MASTER_KEY = 2
-    FENCE = 3
-    EXPLICIT_LAC = 4
-
-
 _LEDGER = struct.Struct(">BQQ")  # type, scope, ledger
-_ENTRY = struct.Struct(">BQQqqI")  # type, scope, ledger, entry id, piggy-backed LAC, crc32c
 _MASTER_KEY = struct.Struct(f">BQQ{MASTER_KEY_SIZE}s")
 _EXPLICIT_LAC = struct.Struct(">BQQq")
 
@@ -42,7 +39,7 @@ def entry_record_head(
 ) -> bytes:
     """An entry record without its entry bytes, which follow it: the bookie journals the two
     apart (`Journal.append_then`) rather than copy every entry into a record."""
-    return _ENTRY.pack(
+    return ENTRY_HEAD.pack(
         RecordType.ENTRY, ledger_id.scope, ledger_id.id, entry_id, last_add_confirmed, crc32c
     )
 
@@ -61,8 +58,11 @@ def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
     )
 
 
-def apply(record: bytes, storage: LedgerStorage) -> None:
+def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = None) -> None:
     """Re-apply one journal record to `storage` (at start-up, after the last checkpoint).
+
+    With `kept_at`, the mark of the record's end, an entry of at least KEPT_ENTRY_SIZE
+    bytes is left where the journal holds it (`LedgerStorage.keep_in_journal`).
 
     MalformedData for a record that does not decode, including one that decodes to what
     storage refuses: an entry record carries no length, so a cut one shows only as entry
@@ -73,9 +73,14 @@ def apply(record: bytes, storage: LedgerStorage) -> None:
     kind = record[0]
     try:
         if kind == RecordType.ENTRY:
-            _, scope, ledger, entry_id, lac, crc = _ENTRY.unpack_from(record)
-            data = memoryview(record)[_ENTRY.size :]
+            _, scope, ledger, entry_id, lac, crc = ENTRY_HEAD.unpack_from(record)
+            data = memoryview(record)[ENTRY_HEAD.size :]
             storage.add_entry(LedgerId(scope, ledger), entry_id, crc, data, lac)
+            if kept_at is not None and len(data) >= KEPT_ENTRY_SIZE:
+                location = JournalLocation(
+                    kept_at.file_id, kept_at.offset - len(data), len(data), crc
+                )
+                storage.keep_in_journal(LedgerId(scope, ledger), entry_id, location)
         elif kind == RecordType.MASTER_KEY:
             _, scope, ledger, key = _MASTER_KEY.unpack(record)
             storage.set_master_key(LedgerId(scope, ledger), key)

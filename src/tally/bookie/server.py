@@ -34,6 +34,7 @@ from tally.bookie import records
 from tally.bookie.config import BookieConfig
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.journal import Journal, JournalMark
+from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries, JournalLocation
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
@@ -88,6 +89,8 @@ class Bookie:
         self._server: asyncio.Server | None = None
         self._journal: Journal | None = None
         self._storage: LedgerStorage | None = None
+        self._keeps_entries = False
+        """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[BookieConnectionHandler] = set()
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
@@ -135,8 +138,15 @@ class Bookie:
             [journal_dir, ledger_dir],
             cluster.instance_id,
         )
+        keep = config.keep_large_entries_in_journal
+        if keep is None:
+            keep = journal_dir.stat().st_dev == ledger_dir.stat().st_dev
+        self._keeps_entries = keep
         self._storage = LedgerStorage(
-            ledger_dir, log_size_limit=config.entry_log_size_limit, direct_io=config.direct_io
+            ledger_dir,
+            log_size_limit=config.entry_log_size_limit,
+            direct_io=config.direct_io,
+            journal_entries=JournalEntries(journal_dir) if keep else None,
         )
         self._journal = Journal(
             journal_dir,
@@ -195,8 +205,8 @@ class Bookie:
         mark_bytes = self.storage.last_checkpoint_mark()
         start = JournalMark.from_bytes(mark_bytes) if mark_bytes else None
         count = 0
-        for _, record in self.journal.replay(start):
-            records.apply(record, self.storage)
+        for mark, record in self.journal.replay(start):
+            records.apply(record, self.storage, mark if self._keeps_entries else None)
             count += 1
         return count
 
@@ -265,7 +275,7 @@ class Bookie:
         mark never covers something storage lacks."""
         mark = self.journal.last_mark()
         self.storage.checkpoint(mark.to_bytes())
-        self.journal.release_before(mark)
+        self.journal.release_before(mark, keep=self.storage.kept_journal_files())
 
     async def _disk_loop(self) -> None:
         """Check the disks, and register the mode whenever it differs from the registered
@@ -373,6 +383,7 @@ class Bookie:
         done: Callable[[], None],
         request: protocol.Request,
         connection: BookieConnectionHandler,
+        _: JournalMark | None,
         error: BaseException | None,
     ) -> None:
         if error is None:
@@ -428,12 +439,17 @@ class Bookie:
         request: protocol.AddRequest,
         connection: BookieConnectionHandler,
         started: float,
+        mark: JournalMark | None,
         error: Exception | None,
     ) -> None:
         """Acknowledge an add whose journal record is durable (or answer its failure)."""
-        if error is not None:
-            self._journal_failed(request, connection, error)
+        if mark is None:
+            self._journal_failed(request, connection, error or WriteFailed("journal lost it"))
             return
+        size = len(request.entry)
+        if self._keeps_entries and size >= KEPT_ENTRY_SIZE:
+            location = JournalLocation(mark.file_id, mark.offset - size, size, request.crc32c)
+            self.storage.keep_in_journal(request.ledger_id, request.entry_id, location)
         response = protocol.AddResponse(request.request_id, request.ledger_id, request.entry_id)
         self._ok(request, connection, response.encode())
         self.metrics.add_entry_seconds.observe(time.perf_counter() - started)
@@ -480,7 +496,7 @@ class Bookie:
                 return
             future = pending
         future.add_done_callback(
-            lambda done: self._journaled(then, request, connection, done.exception())
+            lambda done: self._journaled(then, request, connection, None, done.exception())
         )
 
     def _read_lac(
@@ -669,7 +685,7 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def _ignore(error: Exception | None) -> None:
+def _ignore(mark: JournalMark | None, error: Exception | None) -> None:
     """A journal record nobody waits on (a master key: see `_journal_master_key`)."""
 
 

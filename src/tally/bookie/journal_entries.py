@@ -1,0 +1,110 @@
+"""Entries read back from the journal file that holds them.
+
+A bookie with its journal and ledger directories on one disk would write every large entry
+twice to that disk: into the journal before the acknowledgement, then into an entry log at
+the checkpoint. The disk's bandwidth is then halved (measured: docs/benchmarks.md). So an
+entry of at least `KEPT_ENTRY_SIZE` bytes stays where the journal wrote it: the checkpoint
+indexes its place in the journal file instead of copying it, and that file is kept for as
+long as the index points into it. Smaller entries are still copied into entry logs, sorted
+by ledger, where reading a ledger back finds its entries together.
+
+The index holds a `JournalLocation` (file, offset and size of the entry's bytes, and the
+CRC32C the client sent with it). In the file the bytes follow the head of their journal
+record (`ENTRY_HEAD`: ledger, entry, LAC, CRC32C); a read takes both and checks the head
+against the ledger, entry and CRC32C expected and the bytes against the CRC32C. Any
+mismatch, short read or I/O error is `EntryUnreadable`, never "no such entry" (seed 003).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+from tally.bookie.journal import file_name
+from tally.bookie.read_handles import ReadHandles
+from tally.core.digest import crc32c
+from tally.core.errors import EntryUnreadable
+from tally.core.ids import LedgerId
+
+
+class RecordType(enum.IntEnum):
+    """The kinds of journal record a bookie writes (records.py)."""
+
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    EXPLICIT_LAC = 4
+
+
+ENTRY_HEAD = struct.Struct(">BQQqqI")
+"""An entry record's head: type, ledger scope and id, entry id, piggy-backed LAC, CRC32C of
+the entry bytes, which follow it."""
+
+KEPT_ENTRY_SIZE = 16 << 10
+"""Entries of at least this many bytes stay in the journal (when the bookie keeps entries
+there). Below it, an entry costs the disk little to copy, and entry logs sorted by ledger
+serve reads of a ledger's many small entries with fewer seeks."""
+
+
+class JournalLocation(NamedTuple):
+    """Where an entry's bytes lie in the journal (after its record's head), and their CRC32C."""
+
+    file_id: int
+    offset: int
+    size: int
+    crc32c: int
+
+
+class JournalEntries:
+    """Reads of the entries kept in the journal files of `directory` (any thread)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._handles = ReadHandles(self._open)
+
+    def _open(self, file_id: int) -> int:
+        return os.open(self.directory / file_name(file_id), os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(
+        self, location: JournalLocation, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, bytes]:
+        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact."""
+        file_id, offset, size, crc = location
+        where = (
+            f"entry {entry_id} of ledger {ledger_id} in journal file "
+            f"{self.directory / file_name(file_id)} at offset {offset}"
+        )
+        try:
+            raw = self._handles.pread(file_id, ENTRY_HEAD.size + size, offset - ENTRY_HEAD.size)
+        except OSError as error:
+            raise EntryUnreadable(f"{where}: read failed: {error}") from error
+        if len(raw) < ENTRY_HEAD.size + size:
+            raise EntryUnreadable(
+                f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes"
+            )
+        kind, scope, ledger, entry, _, head_crc = ENTRY_HEAD.unpack_from(raw)
+        if (kind, scope, ledger, entry, head_crc) != (
+            RecordType.ENTRY,
+            ledger_id.scope,
+            ledger_id.id,
+            entry_id,
+            crc,
+        ):
+            raise EntryUnreadable(
+                f"{where}: the journal record there is of type {kind}, entry {entry} of ledger "
+                f"{LedgerId(scope, ledger)}, CRC32C 0x{head_crc:08x}; the index says 0x{crc:08x}"
+            )
+        data = raw[ENTRY_HEAD.size :]
+        actual = crc32c(data)
+        if actual != crc:
+            raise EntryUnreadable(
+                f"{where}: CRC32C of the {size} bytes is 0x{actual:08x}, stored 0x{crc:08x}: "
+                "the bytes are corrupt"
+            )
+        return crc, data
+
+    def close(self) -> None:
+        self._handles.close()

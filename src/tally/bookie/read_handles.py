@@ -1,0 +1,83 @@
+"""Open files for preads, by id: the entry logs and journal files that ledger storage reads.
+
+A big disk holds thousands of such files; a bounded table keeps the recently read ones open
+(least recently used go first). Reads may come from several threads; a handle that leaves
+the table while a read uses it is closed by that read once done.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_OPEN_FILES = 256
+
+
+@dataclass(slots=True)
+class _Handle:
+    fd: int
+    users: int = 0
+    retired: bool = False
+
+
+class ReadHandles:
+    """`pread` on files opened on first use by `open_file(file_id)`, which returns an fd or
+    raises; its errors, and those of the read, reach the caller as they are."""
+
+    def __init__(self, open_file: Callable[[int], int], limit: int = MAX_OPEN_FILES) -> None:
+        self._open_file = open_file
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._handles: OrderedDict[int, _Handle] = OrderedDict()
+
+    def pread(self, file_id: int, size: int, offset: int) -> bytes:
+        handle = self._acquire(file_id)
+        try:
+            return os.pread(handle.fd, size, offset)
+        finally:
+            with self._lock:
+                handle.users -= 1
+                if handle.retired and handle.users == 0:
+                    os.close(handle.fd)
+
+    def _acquire(self, file_id: int) -> _Handle:
+        with self._lock:
+            handle = self._handles.get(file_id)
+            if handle is not None:
+                self._handles.move_to_end(file_id)
+                handle.users += 1
+                return handle
+        fd = self._open_file(file_id)
+        with self._lock:
+            handle = self._handles.get(file_id)
+            if handle is None:
+                handle = self._handles[file_id] = _Handle(fd)
+                for idle in list(self._handles)[: max(0, len(self._handles) - self._limit)]:
+                    if self._handles[idle].users == 0:
+                        self._retire(idle)
+            else:
+                os.close(fd)
+            handle.users += 1
+            return handle
+
+    def retire(self, file_id: int) -> None:
+        """Let go of a file (about to be deleted): closed now, or after the reads using it."""
+        with self._lock:
+            self._retire(file_id)
+
+    def _retire(self, file_id: int) -> None:
+        handle = self._handles.pop(file_id, None)
+        if handle is None:
+            return
+        handle.retired = True
+        if handle.users == 0:
+            os.close(handle.fd)
+
+    def close(self) -> None:
+        """Retire every handle; reads must have stopped."""
+        with self._lock:
+            for file_id in list(self._handles):
+                self._retire(file_id)
