@@ -94,6 +94,11 @@ def test_large_entries_are_indexed_in_the_journal_and_small_ones_copied(tmp_path
     assert reopened.kept_journal_files() == {file_id}
     for entry_id, data in enumerate(entries):
         assert reopened.get_entry(LEDGER, entry_id) == (crc32c(data), data)
+
+    total = sum(map(len, entries))
+    assert reopened.ledger_info(LEDGER).byte_count == total
+    assert reopened.forget_entries(LEDGER, [2]) == 1
+    assert reopened.ledger_info(LEDGER).byte_count == total - len(entries[2])
     reopened.close()
 
     without_journal = LedgerStorage(tmp_path / "ledgers")

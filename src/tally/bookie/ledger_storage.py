@@ -52,6 +52,7 @@ from tally.bookie.entry_log import (
     DEFAULT_LOG_SIZE_LIMIT,
     RECORD_HEADER_SIZE,
     EntryLog,
+    Location,
 )
 from tally.bookie.index import MASTER_KEY_SIZE, Index, IndexBatch, Int64Array, LedgerState
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
@@ -578,7 +579,7 @@ class LedgerStorage:
             return count, total + size
         if previous is None:
             return count + 1, total + size
-        return count, total + size - (previous.size - RECORD_HEADER_SIZE)
+        return count, total + size - _entry_size(previous)
 
     def delete_ledger(self, ledger_id: LedgerId) -> None:
         """Forget the ledger: entries (index and caches) and state. Call from a worker thread.
@@ -621,7 +622,7 @@ class LedgerStorage:
                     location = self._index.location(ledger_id, entry_id)
                     if location is not None:
                         batch.delete_entry(ledger_id, entry_id)
-                        count, size = count - 1, size - (location.size - RECORD_HEADER_SIZE)
+                        count, size = count - 1, size - _entry_size(location)
                         forgotten.add(entry_id)
                 updated = state.copy()
                 updated.entry_count, updated.byte_count = count, size
@@ -718,3 +719,10 @@ def _check_lac(last_add_confirmed: int, ledger_id: LedgerId) -> None:
         raise BadRequest(
             f"ledger {ledger_id}: LAC {last_add_confirmed} is outside -1..{MAX_ENTRY_ID}"
         )
+
+
+def _entry_size(location: Location | JournalLocation) -> int:
+    """The entry's own bytes at `location` (an entry log's size counts its record header)."""
+    if isinstance(location, JournalLocation):
+        return location.size
+    return location.size - RECORD_HEADER_SIZE
