@@ -338,6 +338,8 @@ class Journal:
         """What the writer thread handed to the sync thread, in order (under `_sync_lock`)."""
         self._sync_lock = threading.Lock()
         self._sync_failure: WriteFailed | None = None
+        self._syncing = False
+        """Whether a thread is syncing and answering items (under `_sync_lock`)."""
         self._pending_sync = 0
         """Batches written but not yet answered (under the queue lock)."""
         self._parts: list[bytes] = []
@@ -605,14 +607,22 @@ class Journal:
                         following = self._take_batch()
                     self._in_flight = following is not None
                 # A failed batch leaves `_in_flight` set: the loop's `_fail` clears the queue.
-            self._hand_to_syncer(written)
+            self._hand_to_syncer(written, last=following is None)
             if following is None:
                 return
             batch = following
 
-    def _hand_to_syncer(self, item: _Written | _Retired | _WriteError) -> None:
+    def _hand_to_syncer(self, item: _Written | _Retired | _WriteError, last: bool = False) -> None:
+        """Queue `item` for the sync thread; or, for the `last` batch before the writer
+        goes idle, when the sync thread has nothing queued or running, sync it right here:
+        at a low rate every batch is such a one, and the hop to the other thread added
+        about a tenth of a millisecond to each add's latency."""
         with self._sync_lock:
             self._written.append(item)
+            inline = last and len(self._written) == 1 and not self._syncing
+        if inline:
+            self._sync_written()
+            return
         assert self._syncer is not None
         self._syncer.submit(self._sync_written)
 
@@ -656,8 +666,16 @@ class Journal:
         retired before that, and answer the batches in order, in one loop callback."""
         with self._sync_lock:
             items, self._written = self._written, []
-        if not items:
-            return
+            if not items:
+                return
+            self._syncing = True
+        try:
+            self._sync_items(items)
+        finally:
+            with self._sync_lock:
+                self._syncing = False
+
+    def _sync_items(self, items: list[_Written | _Retired | _WriteError]) -> None:
         failure = self._sync_failure
         if failure is None:
             try:
@@ -672,8 +690,8 @@ class Journal:
         answers: list[tuple[list[asyncio.Future[JournalMark] | Done], _Outcome]] = []
         for item in items:
             if isinstance(item, _Retired):
-                item.file.close()
-            elif isinstance(item, _WriteError):
+                continue
+            if isinstance(item, _WriteError):
                 failure = self._sync_failure = self._sync_failure or item.error
                 answers.append((item.waiters, item.error))
             elif failure is not None:
@@ -687,6 +705,9 @@ class Journal:
                 # Once the answer is on its way: only a replay reads the journal again.
                 end = item.ends[-1]
                 drop_written(item.file.fd, end - item.size, end)
+        for item in items:
+            if isinstance(item, _Retired):
+                item.file.close()
 
     def _fdatasync(self, files: dict[int, _OpenFile]) -> None:
         if not self.fsync or not files:
