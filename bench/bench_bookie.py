@@ -20,13 +20,14 @@ Figures (issue 4):
   serves timed too.
 
 Each throughput figure runs on a fresh bookie with the default settings, so the sustained
-figures include the checkpoints that the default write cache (64 MiB) triggers; two
-diagnostics run beside them: 64 KiB copied into entry logs (LARGE_RUNS) and with checkpoints
-held off, and 100 B with WIDE_WINDOW in flight. Each also gives the bookie process's CPU time per add (all its threads), which
-other work on a shared machine does not inflate the way it slows the rates; the CPU
-pressure printed with the table says how shared the machine was. Entries are encoded
-before the timed window (so the client's CPU is the connection's, as in
-bench/raw_socket.py): the load generator shares the two cores with the bookie.
+figures include the checkpoints that the default write cache (64 MiB) triggers;
+diagnostics run beside them: 64 KiB copied into entry logs (LARGE_RUNS) and with
+checkpoints held off, and 100 B with WIDE_WINDOW in flight. Each also gives the bookie
+process's CPU time per add (all its threads), which other work on a shared machine does
+not inflate the way it slows the rates; the CPU pressure printed with the table says how
+shared the machine was. Entries are encoded before the timed window (so the client's CPU
+is the connection's, as in bench/raw_socket.py): the load generator shares the two cores
+with the bookie.
 
     python bench/bench_bookie.py [--dir D] [--quick] [--profile]
 
