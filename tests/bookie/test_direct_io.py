@@ -34,16 +34,16 @@ def direct_file(path: Path, head: bytes = b"") -> Iterator[int]:
         os.close(fd)
 
 
-appends = st.lists(
-    st.lists(st.integers(0, 3 * ALIGNMENT + 17), max_size=4), min_size=1, max_size=25
-)
+part_sizes = st.integers(0, 3 * ALIGNMENT + 17) | st.sampled_from([16 << 10, 20_000, 40_000])
+"""Parts within a block or a few, and entry-sized ones that span several buffers."""
+appends = st.lists(st.lists(part_sizes, max_size=4), min_size=1, max_size=25)
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     head=st.integers(0, 2 * ALIGNMENT + 100),
     sizes=appends,
-    buffer_blocks=st.integers(1, 4),
+    buffer_blocks=st.integers(1, 16),
 )
 def test_the_file_holds_exactly_what_was_appended_then_zeros_to_a_block(
     tmp_path_factory: pytest.TempPathFactory, head: int, sizes: list[list[int]], buffer_blocks: int
