@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from bench_journal import drop_cache, quantile, raw_append, raw_fdatasync
+from bench_journal import drop_cache, quantile, raw_append, raw_direct_writers, raw_fdatasync
 from raw_socket import add_nowait_rate, request_reply_rate
 from tally.bookie.journal import journal_files
 from tally.client.bookie_connection import BookieConnection
@@ -322,10 +322,11 @@ class Sizes:
     paced_seconds: float
     reference_seconds: float
     restart_bytes: int
+    direct_bytes: int
 
 
-FULL = Sizes(8192, 200_000, 5.0, 3.0, GIB)
-QUICK = Sizes(2048, 60_000, 2.0, 1.5, 256 * MIB)
+FULL = Sizes(8192, 200_000, 5.0, 3.0, GIB, 256 * MIB)
+QUICK = Sizes(2048, 60_000, 2.0, 1.5, 256 * MIB, 64 * MIB)
 
 
 @dataclass(frozen=True)
@@ -386,6 +387,12 @@ def measure(metadata: str, scratch: Path, sizes: Sizes, profile: Path | None) ->
     figures["raw_append_64k_before_mb_per_s"] = before
     figures["raw_append_64k_after_mb_per_s"] = after
     figures["raw_append_64k_mb_per_s"] = max(before, after)
+    # What the disk gives journal and entry logs written at once, beside one writer alone:
+    # the ceiling of a bookie that writes every byte twice is half the larger.
+    for writers in (1, 2):
+        figures[f"disk_direct_{writers}_writers_mb_per_s"] = raw_direct_writers(
+            scratch, writers, sizes.direct_bytes
+        )
 
     for window in (SMALL_WINDOW, WIDE_WINDOW):
         with running(bookie(f"small-{window}")) as server:
@@ -536,6 +543,15 @@ def print_table(figures: dict[str, float]) -> None:
             ">= 0.50" if key == "bookie_64k" else "",
             ("yes" if large_ratio >= 0.5 else "NO") if key == "bookie_64k" else "",
         )
+    row(
+        "the disk: O_DIRECT writes of 1 MiB, each followed by fdatasync (reference)",
+        f"one writer {figures['disk_direct_1_writers_mb_per_s']:,.0f} MB/s, two at once "
+        f"{figures['disk_direct_2_writers_mb_per_s']:,.0f} MB/s in all",
+        "writing every byte twice caps a bookie at half the larger",
+        "",
+        "",
+        "",
+    )
     for key, window in (
         ("bookie_100b", SMALL_WINDOW),
         (f"bookie_100b_{WIDE_WINDOW}_in_flight", WIDE_WINDOW),
