@@ -84,6 +84,7 @@ def test_large_entries_are_indexed_in_the_journal_and_small_ones_copied(tmp_path
     (file_id, _), *others = journal_files(tmp_path / "journal")
     assert not others
     assert storage.kept_journal_files() == {file_id}
+    assert (storage.stats().entries_kept_in_journal, storage.stats().kept_journal_files) == (2, 1)
     for entry_id, data in enumerate(entries):
         assert storage.get_entry(LEDGER, entry_id) == (crc32c(data), data)
     storage.close()
@@ -208,6 +209,8 @@ async def test_a_bookie_writes_large_entries_once_and_reads_them_after_a_restart
         async with connected(bookie.address) as connection:
             for entry_id, data in enumerate(entries):
                 assert await connection.read(ledger, entry_id) == data
+        kept_files = sample(bookie.metrics(), "bookie_kept_journal_files")
+        assert kept_files == (1 if keep else 0), "counted from the index after a restart"
         if keep:
             bookie.stop()
             (_, path), *_ = journal_files(bookie.data_dir / "journal")

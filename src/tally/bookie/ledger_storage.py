@@ -178,6 +178,9 @@ class LedgerStorageStats:
     cache_bytes: int
     checkpoints: int
     entries_checkpointed: int
+    entries_kept_in_journal: int
+    """Of those, indexed where the journal holds them rather than copied."""
+    kept_journal_files: int
     last_checkpoint_seconds: float
     checkpoint_seconds_total: float
 
@@ -190,6 +193,7 @@ class _Counters:
     read_errors: int = 0
     checkpoints: int = 0
     entries_checkpointed: int = 0
+    entries_kept_in_journal: int = 0
     last_checkpoint_seconds: float = 0.0
     checkpoint_seconds_total: float = 0.0
 
@@ -482,6 +486,8 @@ class LedgerStorage:
                 cache_bytes=sum(cache.byte_count for cache in caches),
                 checkpoints=counters.checkpoints,
                 entries_checkpointed=counters.entries_checkpointed,
+                entries_kept_in_journal=counters.entries_kept_in_journal,
+                kept_journal_files=len(self._kept_files),
                 last_checkpoint_seconds=counters.last_checkpoint_seconds,
                 checkpoint_seconds_total=counters.checkpoint_seconds_total,
             )
@@ -528,6 +534,7 @@ class LedgerStorage:
             with self._lock:
                 self._counters.checkpoints += 1
                 self._counters.entries_checkpointed += flushing.entry_count
+                self._counters.entries_kept_in_journal += len(flushing.kept)
                 self._counters.last_checkpoint_seconds = elapsed
                 self._counters.checkpoint_seconds_total += elapsed
 

@@ -166,6 +166,16 @@ class _StorageCollector(Collector):
         yield CounterMetricFamily(
             "bookie_checkpoints", "Checkpoints completed", value=storage.checkpoints
         )
+        yield CounterMetricFamily(
+            "bookie_entries_kept_in_journal",
+            "Checkpointed entries indexed where the journal holds them, not copied",
+            value=storage.entries_kept_in_journal,
+        )
+        yield GaugeMetricFamily(
+            "bookie_kept_journal_files",
+            "Journal files kept because the index points into them",
+            value=storage.kept_journal_files,
+        )
         yield GaugeMetricFamily(
             "bookie_checkpoint_last_seconds",
             "Duration of the last checkpoint",

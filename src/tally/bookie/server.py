@@ -142,6 +142,14 @@ class Bookie:
         if keep is None:
             keep = journal_dir.stat().st_dev == ledger_dir.stat().st_dev
         self._keeps_entries = keep
+        log.info(
+            "bookie %s: entries of %d bytes or more %s",
+            self.bookie_id,
+            KEPT_ENTRY_SIZE,
+            "stay in the journal (it shares a disk with the ledgers, or the setting says so)"
+            if keep
+            else "are copied into entry logs at each checkpoint",
+        )
         self._storage = LedgerStorage(
             ledger_dir,
             log_size_limit=config.entry_log_size_limit,
