@@ -20,10 +20,9 @@ from tally.audit.checks import run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
 from tally.core.availability import EntryAvailability
-from tally.core.digest import DigestType
 from tally.core.ledger_audit import Category, audit_ledger
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.schedule import write_set
+from tests.audit.snapshot_rows import metadata_of
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -336,20 +335,7 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
         if ledger["state"] != "CLOSED" or ledger["last_entry_id"] < 0:
             continue
         key = (ledger["scope"], ledger["ledger_id"])
-        parts = sorted(segments[key], key=lambda row: row["segment_index"])
-        metadata = LedgerMetadata(
-            state=LedgerState.CLOSED,
-            ensemble_size=ledger["ensemble_size"],
-            write_quorum=ledger["write_quorum"],
-            ack_quorum=ledger["ack_quorum"],
-            segments=tuple(Segment(p["first_entry_id"], tuple(p["ensemble"])) for p in parts),
-            digest_type=DigestType[ledger["digest_type"]],
-            master_key=bytes(32),
-            ctime_ms=ledger["ctime_ms"],
-            creator_token=b"",
-            last_entry_id=ledger["last_entry_id"],
-            length=ledger["length"],
-        )
+        metadata = metadata_of(ledger, segments[key])
         availability = {b: EntryAvailability.empty() for b in metadata.bookies() & responded}
         availability |= held.get(key, {})
         for v in audit_ledger(

@@ -27,13 +27,12 @@ from tally.audit.synth import (
     synthesize,
 )
 from tally.core.availability import EntryAvailability
-from tally.core.digest import DigestType
 from tally.core.durability import check_ledger
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, RackAwarePlacementPolicy
 from tally.core.schedule import expected_entries
+from tests.audit.snapshot_rows import metadata_of
 
 DATASETS = {
     schema.LEDGERS: schema.LEDGERS_SCHEMA,
@@ -93,7 +92,7 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
             if truth["now_ms"] - since > truth["grace_period_ms"]:
                 found[Category.UNDERREPLICATED_TOO_LONG.value].add(name)
             continue
-        metadata = _metadata(ledger, segments[key])
+        metadata = metadata_of(ledger, segments[key])
         answered = {
             bookie: held[key].get(bookie, EntryAvailability.empty())
             for bookie in metadata.bookies()
@@ -121,27 +120,6 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
         b["bookie_id"] for b in bookies if not b["responded"] and b["state"] != "unregistered"
     }
     return {category: keys for category, keys in found.items() if keys}
-
-
-def _metadata(ledger: dict[str, Any], rows: list[dict[str, Any]]) -> LedgerMetadata:
-    rows = sorted(rows, key=lambda row: row["segment_index"])
-    assert [row["segment_index"] for row in rows] == list(range(len(rows)))
-    metadata = LedgerMetadata(
-        state=LedgerState[ledger["state"]],
-        ensemble_size=ledger["ensemble_size"],
-        write_quorum=ledger["write_quorum"],
-        ack_quorum=ledger["ack_quorum"],
-        segments=tuple(Segment(row["first_entry_id"], tuple(row["ensemble"])) for row in rows),
-        digest_type=DigestType[ledger["digest_type"]],
-        master_key=bytes(32),
-        ctime_ms=ledger["ctime_ms"],
-        creator_token=b"",
-        last_entry_id=ledger["last_entry_id"],
-        length=ledger["length"],
-    )
-    bounds = [(first, -1 if last is None else last) for first, last in metadata.segment_bounds()]
-    assert bounds == [(row["first_entry_id"], row["last_entry_id"]) for row in rows]
-    return metadata
 
 
 def _marked_ledgers(out: Path) -> dict[str, dict[str, Any]]:
@@ -195,7 +173,7 @@ def test_ledgers_marked_within_the_grace_period_really_miss_copies(
     for name in truth[WITHIN_GRACE]:
         ledger = marked[name]
         key = ledger["scope"], ledger["ledger_id"]
-        metadata = _metadata(ledger, segments[key])
+        metadata = metadata_of(ledger, segments[key])
         answered = {b: held[key].get(b, EntryAvailability.empty()) for b in metadata.bookies()}
         assert check_ledger(metadata, answered).category is not None
         assert 0 < truth["now_ms"] - ledger["underreplicated_since_ms"] <= truth["grace_period_ms"]

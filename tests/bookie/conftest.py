@@ -34,13 +34,12 @@ from tally.core.ids import LedgerId
 from tally.core.protocol import Response, ResponseReader
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import init_cluster as init_cluster_in
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
 from tests.support.async_tests import run_if_async
+from tests.support.cluster import SESSION_TIMEOUT, store_session
 from tests.support.processes import BookieProcess, environment, free_port, init_cluster, tally
 
 ASYNC_TEST_DEADLINE = 30.0
-SESSION_TIMEOUT = 2.0
-"""Seconds: a killed bookie's registration lapses (and its restart may register) this fast."""
 KEY = master_key(b"the ledger password")
 OTHER_KEY = master_key(b"another password")
 
@@ -88,16 +87,6 @@ async def connected(address: str, **options: Any) -> AsyncIterator[BookieConnect
         yield connection
     finally:
         await connection.close()
-
-
-@contextlib.asynccontextmanager
-async def store_session(uri: str) -> AsyncIterator[MetadataStore]:
-    store = open_store(uri, session_timeout=SESSION_TIMEOUT)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def registered_mode(store: MetadataStore, bookie_id: str) -> str | None:
