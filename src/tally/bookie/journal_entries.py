@@ -23,7 +23,7 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-from tally.bookie.journal import file_name
+from tally.bookie.journal import JournalMark, file_name
 from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
 from tally.core.errors import EntryUnreadable
@@ -56,6 +56,14 @@ class JournalLocation(NamedTuple):
     offset: int
     size: int
     crc32c: int
+
+
+def kept_location(end: JournalMark, size: int, crc: int) -> JournalLocation | None:
+    """Where the entry record ending at `end` holds its `size` bytes with CRC32C `crc`, if
+    the entry is large enough to stay there (KEPT_ENTRY_SIZE); None if it is copied."""
+    if size < KEPT_ENTRY_SIZE:
+        return None
+    return JournalLocation(end.file_id, end.offset - size, size, crc)
 
 
 class JournalEntries:

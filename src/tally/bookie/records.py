@@ -12,12 +12,7 @@ from __future__ import annotations
 import struct
 
 from tally.bookie.journal import JournalMark
-from tally.bookie.journal_entries import (
-    ENTRY_HEAD,
-    KEPT_ENTRY_SIZE,
-    JournalLocation,
-    RecordType,
-)
+from tally.bookie.journal_entries import ENTRY_HEAD, RecordType, kept_location
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.admission import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
@@ -76,10 +71,8 @@ def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = N
             _, scope, ledger, entry_id, lac, crc = ENTRY_HEAD.unpack_from(record)
             data = memoryview(record)[ENTRY_HEAD.size :]
             storage.add_entry(LedgerId(scope, ledger), entry_id, crc, data, lac)
-            if kept_at is not None and len(data) >= KEPT_ENTRY_SIZE:
-                location = JournalLocation(
-                    kept_at.file_id, kept_at.offset - len(data), len(data), crc
-                )
+            location = kept_location(kept_at, len(data), crc) if kept_at else None
+            if location is not None:
                 storage.keep_in_journal(LedgerId(scope, ledger), entry_id, location)
         elif kind == RecordType.MASTER_KEY:
             _, scope, ledger, key = _MASTER_KEY.unpack(record)

@@ -34,7 +34,7 @@ from tally.bookie import records
 from tally.bookie.config import BookieConfig
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.journal import Journal, JournalMark
-from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries, JournalLocation
+from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries, kept_location
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
@@ -454,10 +454,10 @@ class Bookie:
         if mark is None:
             self._journal_failed(request, connection, error or WriteFailed("journal lost it"))
             return
-        size = len(request.entry)
-        if self._keeps_entries and size >= KEPT_ENTRY_SIZE:
-            location = JournalLocation(mark.file_id, mark.offset - size, size, request.crc32c)
-            self.storage.keep_in_journal(request.ledger_id, request.entry_id, location)
+        if self._keeps_entries:
+            location = kept_location(mark, len(request.entry), request.crc32c)
+            if location is not None:
+                self.storage.keep_in_journal(request.ledger_id, request.entry_id, location)
         response = protocol.AddResponse(request.request_id, request.ledger_id, request.entry_id)
         self._ok(request, connection, response.encode())
         self.metrics.add_entry_seconds.observe(time.perf_counter() - started)
