@@ -126,12 +126,7 @@ def test_concurrent_appends_are_batched_and_acknowledged_after_their_fdatasync(
 ) -> None:
     """Every acknowledgement comes after a write covering the record and a later fdatasync."""
     events: list[tuple[str, int]] = []
-    real_pwritev, real_pwrite, real_fdatasync = os.pwritev, os.pwrite, os.fdatasync
-
-    def pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
-        written = real_pwritev(fd, buffers, offset)
-        events.append(("write", offset + written))
-        return written
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
 
     def pwrite(fd: int, data: bytes, offset: int) -> int:
         written = real_pwrite(fd, data, offset)
@@ -143,7 +138,6 @@ def test_concurrent_appends_are_batched_and_acknowledged_after_their_fdatasync(
         real_fdatasync(fd)
         events.append(("sync", 0))
 
-    monkeypatch.setattr(os, "pwritev", pwritev)
     monkeypatch.setattr(os, "pwrite", pwrite)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
     count = 3000
@@ -183,23 +177,19 @@ def test_concurrent_appends_are_batched_and_acknowledged_after_their_fdatasync(
 def test_a_batch_closes_at_the_record_that_reaches_max_batch_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    batches: list[list[int]] = []
-    real_pwritev = os.pwritev
+    ends: list[list[int]] = []
+    real_write_batch = Journal._write_batch
 
-    def pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
-        if offset >= HEADER_SIZE:
-            batches.append(
-                [
-                    len(frame) + len(payload)
-                    for frame, payload in zip(*[iter(buffers)] * 2, strict=True)
-                ]
-            )
-        return real_pwritev(fd, buffers, offset)
+    def write_batch(journal: Journal, batch: Any) -> Any:
+        ends.append(list(batch.ends))
+        return real_write_batch(journal, batch)
 
-    monkeypatch.setattr(os, "pwritev", pwritev)
+    monkeypatch.setattr(Journal, "_write_batch", write_batch)
     records = [*numbered(55, 92), os.urandom(5000), *numbered(50, 92)]
-    # Batches seen through the page-cache path's pwritev, which gets each record's parts.
-    run(write_journal(tmp_path, records, max_batch_bytes=1000, direct_io=False))
+    run(write_journal(tmp_path, records, max_batch_bytes=1000))
+    all_ends = [end for batch in ends for end in batch]
+    sizes = iter(later - earlier for earlier, later in itertools.pairwise([HEADER_SIZE, *all_ends]))
+    batches = [[next(sizes) for _ in batch] for batch in ends]
     assert [size for batch in batches for size in batch] == [
         len(record) + FRAME_SIZE for record in records
     ]
@@ -210,13 +200,14 @@ def test_a_batch_closes_at_the_record_that_reaches_max_batch_bytes(
 
 
 def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pwritev may write less than asked (a signal, a nearly full disk): the rest follows."""
-    real_pwritev = os.pwritev
+    """pwrite may write less than asked (a signal, a nearly full disk): the rest follows."""
+    real_pwrite = os.pwrite
 
-    def pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
-        return real_pwritev(fd, [buffers[0][: max(1, len(buffers[0]) // 2)]], offset)
+    def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
+        with memoryview(data) as view:
+            return real_pwrite(fd, view[: max(1, len(view) // 2)], offset)
 
-    monkeypatch.setattr(os, "pwritev", pwritev)
+    monkeypatch.setattr(os, "pwrite", pwrite)
     records = [*numbered(2000, 60), b"", os.urandom(70_000)]
     marks = run(write_journal(tmp_path, records, direct_io=False, **SMALL))
     assert replayed(tmp_path) == list(zip(marks, records, strict=True))
@@ -550,7 +541,7 @@ def test_disk_full_fails_the_batch_and_every_later_append(
 
 
 @pytest.mark.parametrize(
-    ("failing", "direct_io"), [("pwritev", False), ("pwrite", True), ("fdatasync", True)]
+    ("failing", "direct_io"), [("pwrite", False), ("pwrite", True), ("fdatasync", True)]
 )
 def test_an_io_error_fails_the_whole_batch_and_the_queue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, direct_io: bool

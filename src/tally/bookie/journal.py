@@ -36,28 +36,28 @@ commit, where appending to a growing file makes every fdatasync also commit the 
 it wrote are no longer unwritten; zero-filling instead (as BookKeeper does) measured no
 faster here and writes every byte twice.
 
-Writes skip the page cache (O_DIRECT through one aligned buffer, direct_io.py): only a
-replay reads the journal again, and the page cache's copy, pages and writeback cost a 64 KiB
-record more than its share of the disk did. Where the file system refuses O_DIRECT, or with
-`direct_io=False`, records are written through the page cache and the pages a batch
-completed are dropped once synced (page_cache.py). A batch that ends inside a disk block
-leaves that block zero-padded and writes it again, same bytes first, with the next batch:
-replay takes the zeros for the end of the records, as it does preallocated space.
+Writes skip the page cache (O_DIRECT from aligned buffers): only a replay reads the journal
+again, and the page cache's copy, pages and writeback cost a 64 KiB record more than its
+share of the disk did. Where the file system refuses O_DIRECT, or with `direct_io=False`, the
+same buffers are written through the page cache and the pages a batch completed are dropped
+once synced (page_cache.py). A batch that ends inside a disk block leaves that block
+zero-padded and writes it again, same bytes first, with the next batch: replay takes the
+zeros for the end of the records, as it does preallocated space.
 
-Group commit: records queue up as they arrive; the journal's writer thread takes
-everything queued (a batch closes at the record that brings it to `max_batch_bytes`),
-frames and checksums it, and writes it (through the aligned buffer, or with `pwritev`: a
-syscall per IOV_MAX buffers, not per record); its sync thread fdatasyncs whatever has been
-written since its last fdatasync and answers those batches with one
-`call_soon_threadsafe` (BookKeeper's journal and force-write threads). While one batch is
-synced the next is written, and while that is written the next queues, taken by the
-writer itself once done: batches grow with the load and add no latency when idle.
-A record may be queued in two parts (`append_then`: the bookie's record header and the
-entry), never joined, so a 64 KiB entry is not copied into a record; and its
-waiter may be a plain callback, called from the batch's completion: a future per record,
-with the loop callback its result schedules, cost the bookie more than a tenth of an add.
-`max_batch_delay` (BookKeeper's journalMaxGroupWaitMSec) can make a batch wait for company;
-it defaults to 0, since the adaptive batching needs no wait (see the benchmark).
+Group commit: as a record is appended, the event loop's thread frames and checksums it and
+copies it into the staging buffers (journal_staging.py), which also decide where each record
+lands and when a file rolls over; a batch closes at the record that brings it to
+`max_batch_bytes`. The journal's writer thread writes one batch after the other; its sync
+thread fdatasyncs whatever has been written since its last fdatasync and answers those
+batches with one `call_soon_threadsafe` (BookKeeper's journal and force-write threads).
+While one batch is synced the next is written, and while that is written the next is staged,
+taken by the writer itself once done: batches grow with the load and add no latency when
+idle. A record may be appended in two parts (`append_then`: the bookie's record header and
+the entry), copied once, straight into the staging buffer; and its waiter may be a plain
+callback, called from the batch's completion: a future per record, with the loop callback
+its result schedules, cost the bookie more than a tenth of an add. `max_batch_delay`
+(BookKeeper's journalMaxGroupWaitMSec) can make a batch wait for company; it defaults to 0,
+since the adaptive batching needs no wait (see the benchmark).
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ from collections import deque
 from collections.abc import Callable, Collection, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from tally.bookie.direct_io import DirectAppender, aligned_up, enable_direct
+from tally.bookie.direct_io import enable_direct
+from tally.bookie.journal_staging import JournalStage, StagedBuffer
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
@@ -111,7 +111,6 @@ RECENT_FDATASYNCS = 1024
 
 _FILE_NAME = re.compile(r"([0-9a-f]{16})\.txn")
 _TEMPORARY_SUFFIX = ".tmp"
-_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
@@ -207,33 +206,27 @@ class _OpenFile:
     file_id: int
     path: Path
     fd: int
-    position: int
     allocated: int
-    appender: DirectAppender | None
-    """Writes the file with O_DIRECT; None where it is written through the page cache."""
+    direct: bool
+    """Written with O_DIRECT; else through the page cache."""
 
     def close(self) -> None:
-        if self.appender is not None:
-            self.appender.close()
         os.close(self.fd)
 
 
-class _Batch(NamedTuple):
-    """Records taken off the queue together: two parts each, their sizes, their waiters."""
-
-    parts: list[bytes]
-    sizes: list[int]
-    waiters: list[asyncio.Future[JournalMark] | Done]
-    size: int
+_Waiter: TypeAlias = asyncio.Future[JournalMark] | Done
+_Batch: TypeAlias = StagedBuffer[_Waiter]
 
 
 class _Written(NamedTuple):
     """A batch the writer thread wrote, for the sync thread to fdatasync and answer."""
 
-    waiters: list[asyncio.Future[JournalMark] | Done]
+    waiters: list[_Waiter]
     file: _OpenFile
     ends: list[int]
-    size: int
+    start: int
+    end: int
+    """The file range written."""
 
 
 class _Retired(NamedTuple):
@@ -342,16 +335,14 @@ class Journal:
         """Whether a thread is syncing and answering items (under `_sync_lock`)."""
         self._pending_sync = 0
         """Batches written but not yet answered (under the queue lock)."""
-        self._parts: list[bytes] = []
-        self._sizes: list[int] = []
-        self._waiters: list[asyncio.Future[JournalMark] | Done] = []
-        self._queued_bytes = 0
+        self._stage: JournalStage[_Waiter] | None = None
+        """Records appended and not yet written (under the queue lock); made by start()."""
         self._first_queued_at = 0.0
         self._flush_handle: asyncio.Handle | None = None
         self._flush_is_timer = False
         self._in_flight = False
         self._queue_lock = threading.Lock()
-        """Guards the queue and `_in_flight`: the journal thread takes its next batch itself."""
+        """Guards the stage and `_in_flight`: the journal thread takes its next batch itself."""
         self._drained: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] | None = None
 
@@ -403,14 +394,23 @@ class Journal:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tally-journal")
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tally-journal-sync")
         try:
-            self._last_mark = await self._loop.run_in_executor(self._executor, self._open)
+            file_id, header = await self._loop.run_in_executor(self._executor, self._open)
         except BaseException:
             self._executor.shutdown(wait=False)
             self._syncer.shutdown(wait=False)
             raise
+        self._last_mark = JournalMark(file_id, HEADER_SIZE)
+        self._stage = JournalStage(
+            file_id,
+            header,
+            file_size=self.file_size,
+            batch_bytes=self.max_batch_bytes,
+            new_file_header=lambda *fields: _FileHeader(*fields).to_bytes(),
+        )
         self._state = _State.RUNNING
 
-    def _open(self) -> JournalMark:
+    def _open(self) -> tuple[int, bytes]:
+        """Journal thread: write the new file; returns its id and header."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in self.directory.glob(f"*.txn{_TEMPORARY_SUFFIX}"):
             stale.unlink()
@@ -424,17 +424,17 @@ class Journal:
                 _FileHeader.read(last_path, last_id)
                 previous = JournalMark(last_id, _drain(_read_records(last_path, last_id)))
         file_id = max(previous.file_id, self._highest_file_id) + 1
-        self._file = self._create(file_id, previous)
-        return JournalMark(file_id, HEADER_SIZE)
+        header = _FileHeader(file_id, *previous).to_bytes()
+        self._file = self._create(file_id, header)
+        return file_id, header
 
-    def _create(self, file_id: int, previous: JournalMark) -> _OpenFile:
+    def _create(self, file_id: int, header: bytes) -> _OpenFile:
         """A new file, durable with its header and first chunk before it gets its name."""
         path = self.directory / file_name(file_id)
         temporary = path.with_name(path.name + _TEMPORARY_SUFFIX)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        header = _FileHeader(file_id, *previous).to_bytes()
         try:
-            _write_all(fd, [header], 0)
+            _pwrite_all(fd, header, 0)
             allocated = min(self.preallocate_size, self.file_size)
             os.posix_fallocate(fd, 0, allocated)
             if self.fsync:
@@ -442,25 +442,23 @@ class Journal:
             temporary.rename(path)
             if self.fsync:
                 _fsync_directory(self.directory)
-            appender = self._appender(fd, header)
+            direct = self._direct(fd)
         except BaseException:
             os.close(fd)
             temporary.unlink(missing_ok=True)
             raise
         self.stats.files_created += 1
-        return _OpenFile(file_id, path, fd, HEADER_SIZE, max(allocated, HEADER_SIZE), appender)
+        return _OpenFile(file_id, path, fd, max(allocated, HEADER_SIZE), direct)
 
-    def _appender(self, fd: int, header: bytes) -> DirectAppender | None:
-        if not self.direct_io:
-            return None
-        if not enable_direct(fd):
+    def _direct(self, fd: int) -> bool:
+        """Whether `fd` is now written with O_DIRECT (not if so configured, or refused)."""
+        if self.direct_io and not enable_direct(fd):
             log.info(
                 "journal %s: the file system refuses O_DIRECT; writing through the page cache",
                 self.directory,
             )
             self.direct_io = False
-            return None
-        return DirectAppender(fd, HEADER_SIZE, header)
+        return self.direct_io
 
     # -- appends -------------------------------------------------------------------------
 
@@ -509,25 +507,25 @@ class Journal:
         size = len(head) + len(body)
         if size > MAX_RECORD_SIZE:
             raise BadRequest(f"journal record of {size} bytes exceeds {MAX_RECORD_SIZE}")
-        if not self._sizes and self.max_batch_delay:
+        stage = self._stage
+        assert stage is not None
+        if not stage.queued_bytes and self.max_batch_delay:
             self._first_queued_at = loop.time()
+        framed = _FRAME.pack(size, crc32c(body, crc32c(_U32.pack(size) + head))) + head
         with self._queue_lock:
-            self._parts += (head, body)
-            self._sizes.append(size + FRAME_SIZE)
-            self._waiters.append(waiter)
-            self._queued_bytes += size + FRAME_SIZE
+            stage.add(framed, body, waiter)
             if self._in_flight:
                 return
         if self._flush_handle is None:
             self._schedule_flush()
-        elif self._flush_is_timer and self._queued_bytes >= self.max_batch_bytes:
+        elif self._flush_is_timer and stage.queued_bytes >= self.max_batch_bytes:
             self._flush_handle.cancel()
             self._schedule_flush()
 
     @property
     def queued_bytes(self) -> int:
         """Bytes waiting for the next batch (a measure of backlog, for back-pressure)."""
-        return self._queued_bytes
+        return 0 if self._stage is None else self._stage.queued_bytes
 
     def last_mark(self) -> JournalMark:
         """The end of the last durable record (the new file's header end before any)."""
@@ -550,7 +548,7 @@ class Journal:
         return (
             self.max_batch_delay > 0
             and self._state is _RUNNING
-            and self._queued_bytes < self.max_batch_bytes
+            and self.queued_bytes < self.max_batch_bytes
         )
 
     def _flush(self) -> None:
@@ -567,23 +565,8 @@ class Journal:
         self._executor.submit(self._run_batches, batch)
 
     def _take_batch(self) -> _Batch | None:
-        """The next batch off the queue, or None (empty); call under the queue lock."""
-        if not self._sizes:
-            return None
-        if self._queued_bytes <= self.max_batch_bytes:
-            count, size = len(self._sizes), self._queued_bytes
-        else:
-            count, size = _batch_prefix(self._sizes, self.max_batch_bytes)
-        if count == len(self._sizes):
-            batch = _Batch(self._parts, self._sizes, self._waiters, size)
-            self._parts, self._sizes, self._waiters = [], [], []
-        else:
-            batch = _Batch(
-                self._parts[: 2 * count], self._sizes[:count], self._waiters[:count], size
-            )
-            del self._parts[: 2 * count], self._sizes[:count], self._waiters[:count]
-        self._queued_bytes -= size
-        return batch
+        """The next batch off the stage, or None (empty); call under the queue lock."""
+        return None if self._stage is None else self._stage.take()
 
     def _run_batches(self, batch: _Batch) -> None:
         """Journal thread: write batches while records are queued, handing each to the sync
@@ -601,6 +584,8 @@ class Journal:
                 written = _WriteError(batch.waiters, error)
             following = None
             with self._queue_lock:
+                assert self._stage is not None
+                self._stage.give_back(batch)
                 self._pending_sync += 1
                 if isinstance(written, _Written):
                     if not self._waits_for_company():
@@ -627,37 +612,30 @@ class Journal:
         self._syncer.submit(self._sync_written)
 
     def _write_batch(self, batch: _Batch) -> _Written:
-        parts = _framed(batch.parts)
         f = self._file
         assert f is not None
         try:
-            if f.position + batch.size > self.file_size and f.position > HEADER_SIZE:
-                f = self._roll(f)
-            if f.position + batch.size > f.allocated:
-                target = max(
-                    aligned_up(f.position + batch.size),
-                    min(f.allocated + self.preallocate_size, self.file_size),
-                )
-                os.posix_fallocate(f.fd, f.allocated, target - f.allocated)
-                f.allocated = target
-            if f.appender is not None:
-                f.appender.append(parts)
-            else:
-                _write_all(f.fd, parts, f.position)
+            if batch.previous is not None:
+                f = self._roll(f, batch)
+            with batch.padded() as data:
+                end = batch.start + len(data)
+                if end > f.allocated:
+                    target = max(end, min(f.allocated + self.preallocate_size, self.file_size))
+                    os.posix_fallocate(f.fd, f.allocated, target - f.allocated)
+                    f.allocated = target
+                _pwrite_all(f.fd, data, batch.start)
         except OSError as e:
             raise WriteFailed(
-                f"journal {f.path}: writing {len(batch.sizes)} records ({batch.size} bytes) at "
-                f"offset {f.position} failed: {e}"
+                f"journal {f.path}: writing {len(batch.waiters)} records ({batch.staged} bytes) "
+                f"at offset {batch.start} failed: {e}"
             ) from e
-        ends = list(accumulate(batch.sizes, initial=f.position))
-        del ends[0]
-        f.position = ends[-1]
-        self.stats.records += len(batch.sizes)
-        self.stats.bytes_written += batch.size
-        return _Written(batch.waiters, f, ends, batch.size)
+        self.stats.records += len(batch.waiters)
+        self.stats.bytes_written += batch.staged
+        return _Written(batch.waiters, f, batch.ends, batch.start, end)
 
-    def _roll(self, old: _OpenFile) -> _OpenFile:
-        self._file = self._create(old.file_id + 1, JournalMark(old.file_id, old.position))
+    def _roll(self, old: _OpenFile, batch: _Batch) -> _OpenFile:
+        """Create the file that `batch` begins (its header is staged) and retire `old`."""
+        self._file = self._create(batch.file_id, bytes(batch.memory[:HEADER_SIZE]))
         self._hand_to_syncer(_Retired(old))
         return self._file
 
@@ -701,10 +679,9 @@ class Journal:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._batches_done, answers)
         for item in items:
-            if isinstance(item, _Written) and failure is None and item.file.appender is None:
+            if isinstance(item, _Written) and failure is None and not item.file.direct:
                 # Once the answer is on its way: only a replay reads the journal again.
-                end = item.ends[-1]
-                drop_written(item.file.fd, end - item.size, end)
+                drop_written(item.file.fd, item.start, item.end)
         for item in items:
             if isinstance(item, _Retired):
                 item.file.close()
@@ -737,7 +714,7 @@ class Journal:
                 self._fail(outcome, waiters)
             else:
                 self._fail_waiters(waiters)
-        else:
+        elif waiters:  # none for a batch that holds only the start of a long record
             file_id, ends = outcome
             self._last_mark = JournalMark(file_id, ends[-1])
             for waiter, end in zip(waiters, ends, strict=True):
@@ -748,7 +725,7 @@ class Journal:
                     _call(waiter, JournalMark(file_id, end), None)
         if self._in_flight or self._pending_sync:
             return
-        if self._sizes:
+        if self.queued_bytes:
             if self._flush_handle is None:
                 self._schedule_flush()
         elif self._drained is not None and not self._drained.done():
@@ -762,8 +739,8 @@ class Journal:
             self._failure.__cause__ = error
         log.error("%s; the journal accepts no more records", self._failure)
         with self._queue_lock:
-            waiting = waiters + self._waiters
-            self._parts, self._sizes, self._waiters, self._queued_bytes = [], [], [], 0
+            assert self._stage is not None
+            waiting = waiters + self._stage.discard()
         self._fail_waiters(waiting)
 
     def _fail_waiters(self, waiters: list[asyncio.Future[JournalMark] | Done]) -> None:
@@ -812,6 +789,8 @@ class Journal:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._stage is not None:
+            self._stage.close()
 
     def release_before(self, mark: JournalMark, keep: Collection[int] = ()) -> list[Path]:
         """Delete the files wholly before `mark` (a checkpoint's) but those whose ids are in
@@ -913,43 +892,16 @@ def _drain(records: Generator[tuple[JournalMark, bytes], None, int]) -> int:
             return end
 
 
-def _batch_prefix(sizes: list[int], limit: int) -> tuple[int, int]:
-    """How many leading records make a batch that reaches `limit` bytes, and their bytes."""
-    count = total = 0
-    for size in sizes:
-        count += 1
-        total += size
-        if total >= limit:
-            break
-    return count, total
-
-
-def _write_all(fd: int, parts: list[bytes], offset: int) -> None:
-    """Write `parts` back to back at `offset`: one syscall per IOV_MAX parts."""
-    for first in range(0, len(parts), _IOV_MAX):
-        chunk = parts[first : first + _IOV_MAX]
-        wanted = sum(map(len, chunk))
-        written = os.pwritev(fd, chunk, offset)
-        if written < wanted:
-            rest = memoryview(b"".join(chunk))[written:]
-            while rest:
-                more = os.pwrite(fd, rest, offset + wanted - len(rest))
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of `data` at `offset`."""
+    written = os.pwrite(fd, data, offset)
+    if written < len(data):
+        with memoryview(data) as view:  # cut short (a signal, a nearly full disk): go on
+            while written < len(view):
+                more = os.pwrite(fd, view[written:], offset + written)
                 if more <= 0:
-                    raise OSError(f"journal write made no progress at offset {offset}")
-                rest = rest[more:]
-        offset += wanted
-
-
-def _framed(records: list[bytes]) -> list[bytes]:
-    """The parts to write for records queued as (head, body) pairs: each head behind its
-    frame. Checksummed here, on the journal thread, not as records are queued: the CRC32C
-    of a 64 KiB body then runs beside the event loop (the extension releases the GIL)."""
-    parts: list[bytes] = []
-    for head, body in zip(records[::2], records[1::2], strict=True):
-        size = len(head) + len(body)
-        checksum = crc32c(body, crc32c(head, crc32c(_U32.pack(size))))
-        parts += (_FRAME.pack(size, checksum) + head, body)
-    return parts
+                    raise OSError(f"journal write made no progress at offset {offset + written}")
+                written += more
 
 
 def _fsync_directory(directory: Path) -> None:
