@@ -12,7 +12,8 @@ import typer
 from prometheus_client import CollectorRegistry
 
 from tally.bookie.config import BookieConfig
-from tally.bookie.server import Bookie, tune_garbage_collector
+from tally.bookie.process_tuning import tune_process
+from tally.bookie.server import Bookie
 from tally.config import load
 from tally.core.errors import TallyError
 from tally.metadata.store import MetadataStore
@@ -68,7 +69,7 @@ async def _serve(settings: BookieConfig) -> None:
     except BaseException:
         await bookie.stop()
         raise
-    tune_garbage_collector()
+    tune_process()
     print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
     await bookie.wait_stopped()
 
