@@ -32,6 +32,7 @@ from tally.bookie.journal import (
     file_name,
     journal_files,
 )
+from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
 
 T = TypeVar("T")
@@ -93,6 +94,41 @@ def test_append_then_replay_returns_every_record_and_its_mark(
     ends = [HEADER_SIZE, *(mark.offset for mark in marks)]
     sizes = [b - a for a, b in itertools.pairwise(ends)]
     assert sizes == [len(record) + FRAME_SIZE for record in records]
+
+
+def test_a_records_two_parts_and_the_crc_its_caller_checked_replay_as_one(
+    tmp_path: Path,
+) -> None:
+    """`append_then` takes the body's CRC32C from a caller that has just checked it; with a
+    wrong one the record reads as damage, never as a record with other bytes."""
+
+    async def scenario() -> list[tuple[JournalMark | None, Exception | None]]:
+        journal = Journal(tmp_path, **SMALL)
+        await journal.start()
+        answers: list[tuple[JournalMark | None, Exception | None]] = []
+        for head, body, crc in [
+            (b"head", b"body" * 1000, crc32c(b"body" * 1000)),
+            (b"", b"no head", None),
+            (b"wrong", b"checksum", crc32c(b"checksum") ^ 1),
+        ]:
+            journal.append_then(head, body, lambda *answer: answers.append(answer), crc)
+        await journal.close()
+        return answers
+
+    answers = run(scenario())
+    assert [error for _, error in answers] == [None] * 3
+    assert [record for _, record in replayed(tmp_path)] == [b"head" + b"body" * 1000, b"no head"]
+
+    async def long_head() -> None:
+        journal = Journal(tmp_path / "long", **SMALL)
+        await journal.start()
+        try:
+            journal.append_then(bytes(70_000), b"", lambda *_: None)
+        finally:
+            await journal.close()
+
+    with pytest.raises(BadRequest, match="head 70000"):
+        run(long_head())
 
 
 def test_replay_from_a_mark_returns_only_what_follows_it(tmp_path: Path) -> None:
@@ -193,8 +229,9 @@ def test_a_batch_closes_at_the_record_that_reaches_max_batch_bytes(
     assert [size for batch in batches for size in batch] == [
         len(record) + FRAME_SIZE for record in records
     ]
-    assert batches[:5] == [[100] * 10] * 5
-    assert batches[5] == [100] * 5 + [5000 + FRAME_SIZE]
+    small = 92 + FRAME_SIZE
+    assert batches[:5] == [[small] * 10] * 5
+    assert batches[5] == [small] * 5 + [5000 + FRAME_SIZE]
     assert all(sum(batch[:-1]) < 1000 for batch in batches), batches
     assert [record for _, record in replayed(tmp_path)] == records
 

@@ -437,8 +437,8 @@ class Bookie:
         head = records.entry_record_head(
             ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c
         )
-        self.journal.append_then(
-            head, request.entry, partial(self._added, request, connection, started)
+        self.journal.append_then(  # add_entry has just checked the entry's CRC32C
+            head, request.entry, partial(self._added, request, connection, started), request.crc32c
         )
 
     def _added(
