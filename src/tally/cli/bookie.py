@@ -12,8 +12,7 @@ import typer
 from prometheus_client import CollectorRegistry
 
 from tally.bookie.config import BookieConfig
-from tally.bookie.process_tuning import tune_process
-from tally.bookie.server import Bookie
+from tally.bookie.server import Bookie, tune_garbage_collector
 from tally.config import load
 from tally.core.errors import TallyError
 from tally.metadata.store import MetadataStore
@@ -69,7 +68,7 @@ async def _serve(settings: BookieConfig) -> None:
     except BaseException:
         await bookie.stop()
         raise
-    tune_process()
+    tune_garbage_collector()
     print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
     await bookie.wait_stopped()
 
