@@ -44,6 +44,13 @@ def aligned_up(offset: int) -> int:
     return aligned_down(offset + ALIGNMENT - 1)
 
 
+def pad_block(buffer: mmap.mmap | memoryview, filled: int) -> int:
+    """Zero `buffer` from `filled` to the end of its block; returns the padded length."""
+    padded = aligned_up(filled)
+    buffer[filled:padded] = _ZEROS[: padded - filled]
+    return padded
+
+
 class DirectAppender:
     """Appends to an O_DIRECT file descriptor from one aligned buffer (see the module doc).
 
@@ -92,9 +99,7 @@ class DirectAppender:
                     filled = 0
         if filled:
             self._filled = filled
-            padded = aligned_up(filled)
-            view[filled:padded] = _ZEROS[: padded - filled]
-            self._write(padded)
+            self._write(pad_block(view, filled))
             kept = aligned_down(filled)
             view[: filled - kept] = view[kept:filled]
             self._start += kept

@@ -27,13 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from tally.bookie.direct_io import ALIGNMENT, aligned_down, aligned_up
+from tally.bookie.direct_io import aligned_down, aligned_up, pad_block
 
 W = TypeVar("W")
 
 SPARE_BUFFERS = 4
 """Written buffers kept for reuse: a fresh mmap costs a page fault per 4 KiB on first use."""
-_ZEROS = bytes(ALIGNMENT)
 
 NewFileHeader = Callable[[int, int, int], bytes]
 """The header of journal file `file_id` that follows file `previous_id`, whose records end at
@@ -60,9 +59,7 @@ class StagedBuffer(Generic[W]):
 
     def padded(self) -> memoryview:
         """The bytes to write, zero-padded to a whole block (release the view after use)."""
-        length = aligned_up(self.filled)
-        self.memory[self.filled : length] = _ZEROS[: length - self.filled]
-        return memoryview(self.memory)[:length]
+        return memoryview(self.memory)[: pad_block(self.memory, self.filled)]
 
 
 class JournalStage(Generic[W]):
