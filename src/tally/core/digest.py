@@ -14,7 +14,7 @@ import hmac
 import zlib
 from dataclasses import dataclass
 
-import google_crc32c
+import crc32c as crc32c_library
 
 from tally.core.errors import BadRequest
 
@@ -53,8 +53,11 @@ _SIZES = {DigestType.CRC32: 8, DigestType.HMAC: 32, DigestType.CRC32C: 4, Digest
 
 
 def crc32c(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    """CRC32C (Castagnoli), hardware-accelerated; `start` chains over several buffers."""
-    return int(google_crc32c.extend(start, data if isinstance(data, bytes) else bytes(data)))
+    """CRC32C (Castagnoli), hardware-accelerated; `start` chains over several buffers.
+
+    Any contiguous buffer is taken as it is: the bookie checks entries in place, in the
+    buffer they were received into."""
+    return int(crc32c_library.crc32c(data, start))
 
 
 def mac_key(password: bytes) -> bytes:
