@@ -167,6 +167,7 @@ async def test_recovery_aborts_with_too_many_bookies_down_and_never_closes_early
                 .ensemble
             )
         b1, b2, b3 = ensemble
+        await _until_held(b3, ledger_id, 9)  # acknowledged by two: b3 may still be journaling
         cluster.pause(b3)
         assert await worker.command("append 10") == "DONE 19"
         await worker.kill()
@@ -440,12 +441,20 @@ async def _held(bookie: str, ledger_id: LedgerId, last: int) -> list[int]:
         for entry_id in range(last + 1):
             try:
                 await connection.read(ledger_id, entry_id)
-            except tally.errors.NoSuchEntry:
+            except (tally.errors.NoSuchEntry, tally.errors.NoSuchLedger):
                 continue
             held.append(entry_id)
         return held
     finally:
         await connection.close()
+
+
+async def _until_held(bookie: str, ledger_id: LedgerId, last: int, timeout: float = 10.0) -> None:
+    """Wait until the bookie has every entry 0..last."""
+    deadline = time.monotonic() + timeout
+    while (held := await _held(bookie, ledger_id, last)) != list(range(last + 1)):
+        assert time.monotonic() < deadline, f"{bookie} holds only {held} of 0..{last}"
+        await asyncio.sleep(0.05)
 
 
 async def test_tail_reader_follows_the_writer_across_ensemble_changes(healthy: Cluster) -> None:
