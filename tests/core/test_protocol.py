@@ -15,6 +15,7 @@ from tally.core.entry_format import INT64_MAX, encode_entry
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
 from tally.core.protocol import (
+    KEEP_IN_PLACE,
     MASTER_KEY_SIZE,
     MAX_FRAME_SIZE,
     REQUEST_HEADER_SIZE,
@@ -47,6 +48,7 @@ from tally.core.protocol import (
     WriteLacResponse,
     encode_availability_dump,
 )
+from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 
 KEY = master_key(b"secret")
 LEDGER = LedgerId(0, 7)
@@ -451,6 +453,145 @@ def test_a_failed_reader_refuses_every_later_feed() -> None:
             MalformedData, match="unusable after an earlier error: protocol version"
         ):
             reader.feed(data)
+
+
+# --- receiving into arenas ------------------------------------------------------------------
+
+
+def receive(reader: FrameReader[Request], data: bytes, most: int = 1 << 30) -> list[Request]:
+    """What a transport does: receive into `get_buffer()`, at most `most` bytes at a time."""
+    decoded: list[Request] = []
+    pos = 0
+    while pos < len(data):
+        room = reader.get_buffer()
+        assert len(room) >= MIN_RECEIVE
+        taken = min(len(room), most, len(data) - pos)
+        room[:taken] = data[pos : pos + taken]
+        del room
+        pos += taken
+        decoded += reader.buffer_updated(taken)
+    return decoded
+
+
+def large_add(entry_id: int, size: int = KEEP_IN_PLACE) -> AddRequest:
+    payload = bytes([entry_id % 251]) * size
+    return AddRequest.for_entry(entry_id, entry_of(LEDGER, entry_id, payload), KEY)
+
+
+def test_a_large_entry_stays_a_view_of_the_arena_and_a_small_one_is_copied() -> None:
+    large, small = large_add(1), add_of(entry_id=2)
+    [got_large, got_small] = receive(RequestReader(), large.encode() + small.encode())
+    assert type(got_large.entry) is memoryview  # type: ignore[attr-defined]
+    assert type(got_small.entry) is bytes  # type: ignore[attr-defined]
+    assert (got_large, got_small) == (large, small)
+    got_large.verify_crc()  # type: ignore[attr-defined]
+
+
+def test_an_entry_just_below_the_threshold_is_copied() -> None:
+    payload_size = KEEP_IN_PLACE - len(entry_of(LEDGER, 1, b"")) - 1
+    request = AddRequest.for_entry(1, entry_of(LEDGER, 1, b"x" * payload_size), KEY)
+    assert len(request.entry) == KEEP_IN_PLACE - 1
+    [got] = receive(RequestReader(), request.encode())
+    assert type(got.entry) is bytes  # type: ignore[attr-defined]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from([10, KEEP_IN_PLACE, 3 * KEEP_IN_PLACE, 70_000]), max_size=40),
+    st.lists(st.integers(1, 100_000), min_size=1, max_size=8),
+    st.lists(st.booleans(), min_size=1, max_size=8),
+)
+def test_entries_kept_as_views_are_never_written_over(
+    sizes: list[int], receive_sizes: list[int], drops: list[bool]
+) -> None:
+    """A small pool, so arenas are taken again as soon as they are free: whatever a message
+    still holds must keep its bytes, however the stream was cut, while the messages let go
+    free their arenas for reuse."""
+    adds = [large_add(i, size) for i, size in enumerate(sizes)]
+    stream = b"".join(add.encode() for add in adds)
+    reader = RequestReader(arenas=ReceiveArenas(2 * MIN_RECEIVE, retained=2))
+    held: list[Request] = []
+    pos = step = 0
+    while pos < len(stream):
+        room = reader.get_buffer()
+        taken = min(len(room), receive_sizes[step % len(receive_sizes)], len(stream) - pos)
+        room[:taken] = stream[pos : pos + taken]
+        del room
+        pos += taken
+        held += reader.buffer_updated(taken)
+        if drops[step % len(drops)] and held:
+            dropped = held.pop(0)
+            assert dropped == adds[dropped.request_id]
+        step += 1
+    assert reader.pending_bytes == 0
+    for request in held:
+        assert request == adds[request.request_id]  # type: ignore[attr-defined]
+
+
+class CountingArenas(ReceiveArenas):
+    def __init__(self) -> None:
+        super().__init__(2 * MIN_RECEIVE, retained=32)
+        self.reused = 0
+
+    def take(self, size: int) -> bytearray:
+        arena = super().take(size)
+        self.reused += arena[:4] != bytes(4)  # a fresh arena is zeros; a frame's prefix is not
+        return arena
+
+
+def test_arenas_are_reused_once_their_entries_are_let_go_and_kept_ones_stay_intact() -> None:
+    adds = [large_add(i, 30_000) for i in range(60)]
+    arenas = CountingArenas()
+    reader = RequestReader(arenas=arenas)
+    kept = receive(reader, b"".join(a.encode() for a in adds), 50_000)
+    assert arenas.reused == 0  # every arena holds entries still
+    assert kept == adds
+    del kept[: len(kept) // 2]
+    more = [large_add(i, 30_000) for i in range(60, 100)]
+    kept += receive(reader, b"".join(a.encode() for a in more), 50_000)
+    assert arenas.reused > 0
+    assert kept == adds[30:] + more
+
+
+def test_a_frame_larger_than_an_arena_is_received_in_one_piece() -> None:
+    request = large_add(1, 3 * MIN_RECEIVE)
+    frame = request.encode()
+    reader = RequestReader(arenas=ReceiveArenas(2 * MIN_RECEIVE))
+    assert receive(reader, frame[:100]) == []
+    room = reader.get_buffer()
+    assert len(room) >= len(frame) - 100  # the rest of the frame fits
+    room[: len(frame) - 100] = frame[100:]
+    del room
+    assert reader.buffer_updated(len(frame) - 100) == [request]
+
+
+def test_a_released_reader_gives_its_arena_back_and_can_still_receive() -> None:
+    arenas = ReceiveArenas(2 * MIN_RECEIVE)
+    reader = RequestReader(arenas=arenas)
+    receive(reader, ReadLacRequest(1, WIDE).encode()[:5])
+    reader.release()
+    assert arenas.waiting == 1
+    assert reader.pending_bytes == 0
+    assert receive(reader, ReadLacRequest(2, WIDE).encode()) == [ReadLacRequest(2, WIDE)]
+    assert arenas.waiting == 0  # the reader took it again
+
+
+def test_receiving_more_than_the_room_offered_is_refused() -> None:
+    reader = RequestReader()
+    room = len(reader.get_buffer())
+    with pytest.raises(BadRequest, match=f"{room + 1} bytes received into {room}"):
+        reader.buffer_updated(room + 1)
+    with pytest.raises(BadRequest, match="-1 bytes received"):
+        reader.buffer_updated(-1)
+    assert receive(reader, ReadLacRequest(1, WIDE).encode()) == [ReadLacRequest(1, WIDE)]
+
+
+def test_a_malformed_frame_received_fails_the_reader_for_good() -> None:
+    reader = RequestReader(max_frame_size=1000)
+    with pytest.raises(MalformedData, match="frame of 1001 bytes exceeds the limit of 1000"):
+        receive(reader, struct.pack(">I", 1001))
+    with pytest.raises(MalformedData, match="unusable after an earlier error"):
+        receive(reader, ReadLacRequest(1, WIDE).encode())
 
 
 ADD_ENTRY = entry_of(LEDGER, 3)

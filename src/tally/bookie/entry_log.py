@@ -54,6 +54,7 @@ from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import LedgerId
+from tally.core.protocol import EntryBytes
 
 MAGIC = b"TALLYELG"
 FORMAT_VERSION = 1
@@ -164,7 +165,7 @@ class EntryLog:
         """The log appends go to; None before the first append and after a failed write."""
         return self._current
 
-    def append(self, ledger_id: LedgerId, entry_id: int, crc: int, data: bytes) -> Location:
+    def append(self, ledger_id: LedgerId, entry_id: int, crc: int, data: EntryBytes) -> Location:
         """Buffer a record and say where it will be; durable only after `flush`."""
         if not 0 <= entry_id < 2**63:
             raise BadRequest(f"entry id {entry_id} of ledger {ledger_id} is outside 0..2^63-1")

@@ -486,7 +486,7 @@ class Journal:
         return future
 
     def append_then(
-        self, head: bytes, body: bytes, done: Done, body_crc: int | None = None
+        self, head: bytes, body: bytes | memoryview, done: Done, body_crc: int | None = None
     ) -> None:
         """Journal the record `head + body`; call `done(mark, None)` with its mark once it is
         durable, or `done(None, error)` with the WriteFailed that lost it. `body_crc` is the
@@ -510,7 +510,7 @@ class Journal:
         self,
         loop: asyncio.AbstractEventLoop,
         head: bytes,
-        body: bytes,
+        body: bytes | memoryview,
         waiter: asyncio.Future[JournalMark] | Done,
         body_crc: int | None = None,
     ) -> None:
@@ -860,8 +860,11 @@ def _read_records(
             )
         if begin == bound:
             return begin
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            view.madvise(mmap.MADV_SEQUENTIAL)
+        with (
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+            memoryview(mapped) as view,
+        ):
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
             position, problem = begin, None
             while position < bound:
                 if bound - position < FRAME_SIZE:
@@ -879,12 +882,13 @@ def _read_records(
                     problem = f"a record of {length} bytes cut short at {bound}"
                     break
                 body_at = position + FRAME_SIZE + head_size
-                sizes = view[position : position + _FRAME_SIZES.size]
-                head = view[position + FRAME_SIZE : body_at]
-                if crc32c(head + sizes, crc32c(view[body_at:stop])) != checksum:
+                # Checked in place; no slice of `view` outlives its call, so the map can close.
+                body_crc = crc32c(view[body_at:stop])
+                head_crc = crc32c(view[position + FRAME_SIZE : body_at], body_crc)
+                if crc32c(view[position : position + _FRAME_SIZES.size], head_crc) != checksum:
                     problem = f"a record of {length} bytes failing its checksum"
                     break
-                payload = view[position + FRAME_SIZE : stop]
+                payload = bytes(view[position + FRAME_SIZE : stop])
                 position = stop
                 yield JournalMark(file_id, position), payload
     if end is not None and position < end:

@@ -93,7 +93,7 @@ class JournalStage(Generic[W]):
         """(file id, offset) where the next record goes."""
         return self._current.file_id, self._current.start + self._current.filled
 
-    def add(self, head: bytes, body: bytes, waiter: W) -> None:
+    def add(self, head: bytes, body: bytes | memoryview, waiter: W) -> None:
         """Stage the record `head + body`, rolling to a new file first if it would take the
         current one past `file_size` (a file holds at least one record, however long)."""
         size = len(head) + len(body)
@@ -141,7 +141,7 @@ class JournalStage(Generic[W]):
         self._sealed.clear()
         self._spare.clear()
 
-    def _copy(self, part: bytes) -> None:
+    def _copy(self, part: bytes | memoryview) -> None:
         current, size = self._current, len(part)
         if current.filled + size <= self.buffer_size:
             current.memory[current.filled : current.filled + size] = part

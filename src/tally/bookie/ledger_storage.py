@@ -69,7 +69,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.protocol import LedgerInfo
+from tally.core.protocol import EntryBytes, LedgerInfo
 
 LAST_ENTRY = -1
 """The entry id that reads the highest entry the bookie holds (BookKeeper's LAST_ADD_CONFIRMED
@@ -77,7 +77,7 @@ read, which answers with the last entry stored)."""
 MAX_ENTRY_ID = 2**63 - 1
 DEFAULT_AVAILABILITY_BATCH = 1000
 
-_Stored = tuple[int, bytes]
+_Stored = tuple[int, EntryBytes]
 """(CRC32C, entry bytes)."""
 
 
@@ -264,19 +264,20 @@ class LedgerStorage:
         ledger_id: LedgerId,
         entry_id: int,
         crc32c: int,
-        data: bytes | bytearray | memoryview,
+        data: EntryBytes,
         last_add_confirmed: int,
     ) -> None:
         """Store an entry (in the write cache) and the LAC its writer piggy-backed on it.
 
         `crc32c` is the client's CRC32C of `data`; a mismatch is BadDigest, so call this
-        before journaling the add. `data` is copied: the caller may reuse its buffer.
+        before journaling the add. `data` is kept as it is (bytes or a view nobody
+        reuses), not copied.
         """
         _check_entry_id(entry_id, ledger_id)
         _check_lac(last_add_confirmed, ledger_id)
         if not data:
             raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
-        stored = bytes(data)
+        stored = data
         actual = compute_crc32c(stored)
         if actual != crc32c:
             raise BadDigest(
@@ -333,7 +334,7 @@ class LedgerStorage:
 
     # -- reads (event loop) ---------------------------------------------------------
 
-    def get_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, bytes]:
+    def get_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, EntryBytes]:
         """(CRC32C, bytes) of the entry; LAST_ENTRY (-1) reads the highest one held."""
         _check_ledger_id(ledger_id)
         if entry_id == LAST_ENTRY:

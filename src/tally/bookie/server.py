@@ -48,6 +48,7 @@ from tally.core.errors import (
     WriteOnReadOnlyBookie,
 )
 from tally.core.ids import LedgerId
+from tally.core.receive_arenas import ReceiveArenas
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
@@ -97,6 +98,10 @@ class Bookie:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._registered_mode: BookieMode | None = None
+        retained = min(2 * config.write_cache_max_bytes, MAX_RETAINED_ARENA_BYTES)
+        self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
+        """Shared by the connections. The write cache holds views of them (large entries)
+        and lets go of about its size at each checkpoint, while as much again arrives."""
 
     @property
     def journal(self) -> Journal:
@@ -586,7 +591,7 @@ class Bookie:
     }
 
 
-class BookieConnectionHandler(asyncio.Protocol):
+class BookieConnectionHandler(asyncio.BufferedProtocol):
     """One client connection: frames in, requests to the bookie, responses out.
 
     Responses sent in one event-loop turn leave in one write: a group commit answers
@@ -596,7 +601,7 @@ class BookieConnectionHandler(asyncio.Protocol):
 
     def __init__(self, bookie: Bookie) -> None:
         self._bookie = bookie
-        self._reader = protocol.RequestReader(bookie.config.max_frame_size)
+        self._reader = protocol.RequestReader(bookie.config.max_frame_size, bookie.receive_arenas)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self._can_write = asyncio.Event()
@@ -627,10 +632,14 @@ class BookieConnectionHandler(asyncio.Protocol):
                 self._peer,
                 self._reader.pending_bytes,
             )
+        self._reader.release()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            requests = self._reader.feed(data)
+            requests = self._reader.buffer_updated(nbytes)
         except MalformedData as error:
             log.warning("closing connection from %s: %s", self._peer, error)
             self._bookie.metrics.malformed_frames.inc()
@@ -672,6 +681,12 @@ class BookieConnectionHandler(asyncio.Protocol):
             self._flush()
             self._transport.close()
 
+
+RECEIVE_ARENA_SIZE = 1 << 20
+"""A bookie's receive arenas: a 64 KiB frame that straddles two is copied into the next,
+so a sixteenth of them are, where with asyncio's 256 KiB reads a quarter were."""
+MAX_RETAINED_ARENA_BYTES = 256 << 20
+"""The most that retired arenas may hold, free or still viewed, for reuse."""
 
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between two collections of the youngest generation (Python's default: 700)."""

@@ -36,7 +36,11 @@ A reader raises MalformedData for any frame it cannot take (too large, cut below
 unknown version or operation, flags or ids the operation does not allow, a body of the
 wrong size, an ADD whose header disagrees with its entry) and stays failed, since the stream
 position is lost: the connection must close. A CRC mismatch leaves the stream intact; the
-bookie answers it with an ErrorResponse (`AddRequest.verify_crc`).
+bookie answers it with an ErrorResponse (BadDigest).
+
+Readers receive into arenas (receive_arenas.py) and decode each frame where it lies; an
+ADD's entry of KEEP_IN_PLACE bytes or more stays there as a memoryview rather than being
+copied out.
 """
 
 from __future__ import annotations
@@ -53,8 +57,12 @@ from tally.core.digest import crc32c
 from tally.core.entry_format import peek_header
 from tally.core.errors import BadDigest, BadRequest, MalformedData, TallyError, from_code
 from tally.core.ids import LedgerId
+from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 
 VERSION: Final = 1
+EntryBytes: TypeAlias = bytes | memoryview
+"""An entry's bytes: a large one stays a view of the arena it was received into (see
+KEEP_IN_PLACE), which nobody writes to again while the view lives."""
 MAX_FRAME_SIZE: Final = 5 * 1024 * 1024
 """Default largest frame, counted after the length prefix (BookKeeper's default)."""
 MASTER_KEY_SIZE: Final = 32
@@ -137,13 +145,14 @@ class AddRequest:
     cannot name other ids than the bytes it carries.
 
     `crc32c` is the client's CRC32C of `entry`; build with `for_entry` to compute it. The
-    bookie's first act is `verify_crc`, before journaling anything (end-to-end checksum).
-    The frame adds 72 bytes to the entry, so entries up to `max_frame_size - 72` fit.
+    bookie checks it before it journals anything (end-to-end checksum; `verify_crc` is
+    that check). The frame adds 72 bytes to the entry, so entries up to
+    `max_frame_size - 72` fit.
     """
 
     operation: ClassVar[Operation] = Operation.ADD
     request_id: int
-    entry: bytes
+    entry: EntryBytes
     master_key: bytes
     crc32c: int
     recovery: bool = False
@@ -154,8 +163,10 @@ class AddRequest:
     """The LAC the writer piggy-backed on the entry."""
 
     def __post_init__(self) -> None:
-        if type(self.entry) is not bytes:
-            raise BadRequest(f"an ADD's entry must be bytes, not {type(self.entry).__name__}")
+        if type(self.entry) is not bytes and type(self.entry) is not memoryview:
+            raise BadRequest(
+                f"an ADD's entry must be bytes or a memoryview, not {type(self.entry).__name__}"
+            )
         head = peek_header(self.entry)
         object.__setattr__(self, "ledger_id", head.ledger_id)
         object.__setattr__(self, "entry_id", head.entry_id)
@@ -339,12 +350,10 @@ class ReadResponse(_Response):
     request_id: int
     ledger_id: LedgerId
     entry_id: int
-    entry: bytes
+    entry: EntryBytes
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
-        return _response_frame(
-            self, _NO_FLAGS, _as_bytes(self.entry, "entry", self), max_frame_size
-        )
+        return _response_frame(self, _NO_FLAGS, _as_entry_bytes(self.entry, self), max_frame_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,96 +600,147 @@ _Message = TypeVar("_Message")
 _Buffer: TypeAlias = bytes | bytearray | memoryview
 
 
-class FrameReader(ABC, Generic[_Message]):
-    """Turns a byte stream, fed in chunks split anywhere, into messages.
+KEEP_IN_PLACE: Final = 8 << 10
+"""An ADD's entry at least this long stays a view of the bytes it arrived in: copying 64 KiB
+out was a sixth of a bookie's time per add. Shorter ones are copied, so that they do not
+keep a megabyte arena alive for a few bytes."""
 
-    It keeps at most one incomplete frame (`pending_bytes`, never more than the length
-    prefix and `max_frame_size`) and copies what it keeps, so the caller may reuse the
-    buffer it fed. A frame's length is checked as soon as its prefix is complete, before
-    any of its body is buffered.
+
+class FrameReader(ABC, Generic[_Message]):
+    """Turns a byte stream, received in chunks split anywhere, into messages.
+
+    The bytes are received into an arena (`get_buffer`, then `buffer_updated` with how many
+    arrived; or `feed`, which copies them in) and each frame is decoded where it lies, so a
+    large entry can stay there as a view instead of being copied out: such a view keeps its
+    arena alive, and the reader then starts a new arena rather than reuse it. A frame never
+    spans two arenas: the part of one already received moves to the next. A frame's length
+    is checked as soon as its prefix is complete, so at most one frame (`max_frame_size`)
+    and a receive's worth more are ever buffered.
     """
 
-    __slots__ = ("_buffer", "_failure", "_max_frame_size", "_offset")
+    __slots__ = (
+        "_arena",
+        "_arenas",
+        "_end",
+        "_failure",
+        "_max_frame_size",
+        "_offset",
+        "_pinned",
+        "_start",
+    )
 
     _kind: ClassVar[str]
     _header_size: ClassVar[int]
 
-    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self, max_frame_size: int = MAX_FRAME_SIZE, arenas: ReceiveArenas | None = None
+    ) -> None:
         if not self._header_size <= max_frame_size < 1 << 32:
             raise BadRequest(
                 f"max frame size {max_frame_size} is outside "
                 f"{self._header_size}..{(1 << 32) - 1} (the {self._kind} header to 2^32-1)"
             )
         self._max_frame_size = max_frame_size
-        self._buffer = bytearray()
+        self._arenas = ReceiveArenas() if arenas is None else arenas
+        self._arena = memoryview(self._arenas.take(self._arenas.arena_size))
+        self._start = 0
+        """Where the first frame not yet decoded begins in the arena."""
+        self._end = 0
+        """Where the received bytes end in the arena."""
+        self._pinned = False
+        """Whether a decoded message holds a view of the arena."""
         self._offset = 0
         self._failure: str | None = None
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame; non-zero at end of stream means it was cut short."""
-        return len(self._buffer)
+        return self._end - self._start
 
-    def feed(self, data: _Buffer) -> list[_Message]:
-        """The messages completed by `data`, in order; the rest waits for more bytes.
+    def get_buffer(self) -> memoryview:
+        """Where to receive the next bytes: at least MIN_RECEIVE of room, and room for the
+        whole of the frame begun, so that it lies in one piece."""
+        arena, start, end = self._arena, self._start, self._end
+        needed = MIN_RECEIVE
+        if end - start >= _LENGTH.size:
+            frame_size = _LENGTH.size + _LENGTH.unpack_from(arena, start)[0]
+            if frame_size <= _LENGTH.size + self._max_frame_size:
+                needed = max(needed, frame_size - (end - start))
+        if len(arena) - end < needed:
+            self._move_to_new_arena(needed)
+        return self._arena[self._end :]
+
+    def _move_to_new_arena(self, needed: int) -> None:
+        pending = self._end - self._start
+        size = max(self._arenas.arena_size, pending + needed)
+        old = self._arena
+        if self._pinned or size > len(old):
+            self._arena = memoryview(self._arenas.take(size))
+            self._pinned = False
+            self._arena[:pending] = old[self._start : self._end]
+            self._arenas.give_back(old.obj)  # type: ignore[arg-type]
+        else:
+            self._arena[:pending] = old[self._start : self._end]
+        self._start, self._end = 0, pending
+
+    def release(self) -> None:
+        """Give the arena back to the pool: the stream is over (views of it may live on)."""
+        arena = self._arena.obj
+        self._arena = memoryview(bytearray())
+        self._start = self._end = 0
+        self._pinned = False
+        self._arenas.give_back(arena)  # type: ignore[arg-type]
+
+    def buffer_updated(self, nbytes: int) -> list[_Message]:
+        """The messages completed by the `nbytes` just received into `get_buffer()`, in order.
 
         Raises MalformedData for a frame that cannot be taken; the reader then refuses every
-        later feed, since the stream position is lost.
+        later call, since the stream position is lost.
         """
         if self._failure is not None:
             raise MalformedData(
                 f"the {self._kind} stream is unusable after an earlier error: {self._failure}"
             )
-        view = _byte_view(data)
+        if not 0 <= nbytes <= len(self._arena) - self._end:
+            raise BadRequest(f"{nbytes} bytes received into {len(self._arena) - self._end}")
+        self._end += nbytes
         try:
-            return self._feed(view)
+            return self._decode_complete()
         except MalformedData as error:
             self._failure = f"{error} (frame at stream offset {self._offset})"
-            self._buffer = bytearray()
+            self._start = self._end
             raise MalformedData(self._failure) from None
 
-    def _feed(self, view: memoryview) -> list[_Message]:
+    def feed(self, data: _Buffer) -> list[_Message]:
+        """The messages completed by `data` (copied in; the caller may reuse its buffer)."""
+        view = _byte_view(data)
         messages: list[_Message] = []
-        end = len(view)
-        pos = self._complete_pending(view, messages) if self._buffer else 0
-        if self._buffer:
-            return messages
+        pos = 0
+        while True:
+            room = self.get_buffer()
+            taken = min(len(room), len(view) - pos)
+            room[:taken] = view[pos : pos + taken]
+            pos += taken
+            messages += self.buffer_updated(taken)
+            if pos == len(view):
+                return messages
+
+    def _decode_complete(self) -> list[_Message]:
+        messages: list[_Message] = []
+        arena, pos, end = self._arena, self._start, self._end
         while end - pos >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(view, pos)
+            (length,) = _LENGTH.unpack_from(arena, pos)
             self._check_length(length)
             stop = pos + _LENGTH.size + length
             if stop > end:
                 break
-            messages.append(self._decode(view, pos + _LENGTH.size, stop))
+            messages.append(self._decode(arena, pos + _LENGTH.size, stop))
             self._offset += stop - pos
             pos = stop
-        if pos < end:
-            self._buffer += view[pos:]
+        if pos == end and not self._pinned:
+            pos = end = self._end = 0
+        self._start = pos
         return messages
-
-    def _complete_pending(self, view: memoryview, messages: list[_Message]) -> int:
-        """Take from `view` what the buffered frame lacks; decode it when whole.
-
-        Returns how many bytes of `view` were taken.
-        """
-        buffer = self._buffer
-        taken = 0
-        if len(buffer) < _LENGTH.size:
-            taken = min(_LENGTH.size - len(buffer), len(view))
-            buffer += view[:taken]
-            if len(buffer) < _LENGTH.size:
-                return taken
-        length: int = _LENGTH.unpack_from(buffer)[0]
-        self._check_length(length)
-        frame_size = _LENGTH.size + length
-        more = min(frame_size - len(buffer), len(view) - taken)
-        buffer += view[taken : taken + more]
-        taken += more
-        if len(buffer) == frame_size:
-            messages.append(self._decode(memoryview(buffer), _LENGTH.size, frame_size))
-            self._offset += frame_size
-            self._buffer = bytearray()
-        return taken
 
     def _check_length(self, length: int) -> None:
         if length > self._max_frame_size:
@@ -713,7 +773,10 @@ class RequestReader(FrameReader[Request]):
         try:
             _check_header(operation, flags, _RULES[operation].flags, scope, ledger, entry_id)
             body = view[start + REQUEST_HEADER_SIZE : stop]
-            return _REQUEST_DECODERS[operation](request_id, scope, ledger, entry_id, flags, body)
+            request = _REQUEST_DECODERS[operation](request_id, scope, ledger, entry_id, flags, body)
+            if type(request) is AddRequest and type(request.entry) is memoryview:
+                self._pinned = True
+            return request
         except MalformedData as error:
             raise MalformedData(f"{operation.name} request {request_id}: {error}") from None
 
@@ -756,9 +819,10 @@ def _decode_add(
             "key and CRC32C before the entry"
         )
     master_key, crc = _ADD_FIXED.unpack_from(body)
+    entry = body[_ADD_FIXED.size :]
     request = AddRequest(
         request_id,
-        bytes(body[_ADD_FIXED.size :]),
+        entry if len(entry) >= KEEP_IN_PLACE else bytes(entry),
         master_key,
         crc,
         bool(flags & _RECOVERY_ADD),
@@ -998,7 +1062,7 @@ def _request_frame(
 
 
 def _response_frame(
-    message: Response, flags: int, body: bytes, max_frame_size: int, status: int = 0
+    message: Response, flags: int, body: EntryBytes, max_frame_size: int, status: int = 0
 ) -> bytes:
     size = RESPONSE_HEADER_SIZE + len(body)
     _check_header_fields(message, size, max_frame_size)
@@ -1065,6 +1129,14 @@ def _check_int(value: object, low: int, high: int, what: str, message: object) -
 def _as_bytes(data: object, what: str, message: object) -> bytes:
     if type(data) is not bytes:
         raise BadRequest(f"{_name(message)}: the {what} must be bytes, not {type(data).__name__}")
+    return data
+
+
+def _as_entry_bytes(data: object, message: object) -> EntryBytes:
+    if type(data) is not bytes and type(data) is not memoryview:
+        raise BadRequest(
+            f"{_name(message)}: the entry must be bytes or a memoryview, not {type(data).__name__}"
+        )
     return data
 
 
