@@ -881,14 +881,15 @@ def _read_records(
                 if stop > bound:
                     problem = f"a record of {length} bytes cut short at {bound}"
                     break
-                body_at = position + FRAME_SIZE + head_size
-                # Checked in place; no slice of `view` outlives its call, so the map can close.
-                body_crc = crc32c(view[body_at:stop])
-                head_crc = crc32c(view[position + FRAME_SIZE : body_at], body_crc)
+                # Copied first, in order, for the kernel's readahead (a CRC32C walks three
+                # parts of its buffer at once), then checked in the copy. No slice of `view`
+                # outlives its statement, so the map can close.
+                payload = bytes(view[position + FRAME_SIZE : stop])
+                parts = memoryview(payload)
+                head_crc = crc32c(parts[:head_size], crc32c(parts[head_size:]))
                 if crc32c(view[position : position + _FRAME_SIZES.size], head_crc) != checksum:
                     problem = f"a record of {length} bytes failing its checksum"
                     break
-                payload = bytes(view[position + FRAME_SIZE : stop])
                 position = stop
                 yield JournalMark(file_id, position), payload
     if end is not None and position < end:
