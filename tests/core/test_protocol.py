@@ -487,6 +487,25 @@ def test_a_large_entry_stays_a_view_of_the_arena_and_a_small_one_is_copied() -> 
     got_large.verify_crc()  # type: ignore[attr-defined]
 
 
+def test_large_entries_are_copied_in_an_arena_that_other_requests_mostly_filled() -> None:
+    """Kept views hold their whole arena: a few kept bytes among many other requests would
+    hold megabytes, so an entry stays in place only while kept entries are at least half of
+    what its arena received."""
+    reads = b"".join(ReadLacRequest(i, WIDE).encode() for i in range(600))  # 24,000 bytes
+    first, second = large_add(1), large_add(2)
+    reader = RequestReader()
+    decoded = receive(reader, first.encode() + reads + second.encode())
+    assert type(decoded[0].entry) is memoryview  # type: ignore[attr-defined]
+    assert type(decoded[-1].entry) is bytes  # type: ignore[attr-defined]
+    assert (decoded[0], decoded[-1]) == (first, second)
+    # Nothing kept, an arena starts over: reads first, then an entry, copied the same way.
+    reader = RequestReader()
+    *_, after_reads = receive(reader, reads + second.encode())
+    assert type(after_reads.entry) is bytes  # type: ignore[attr-defined]
+    [again] = receive(reader, first.encode())
+    assert type(again.entry) is memoryview  # type: ignore[attr-defined]
+
+
 def test_an_entry_just_below_the_threshold_is_copied() -> None:
     payload_size = KEEP_IN_PLACE - len(entry_of(LEDGER, 1, b"")) - 1
     request = AddRequest.for_entry(1, entry_of(LEDGER, 1, b"x" * payload_size), KEY)

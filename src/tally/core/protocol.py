@@ -49,7 +49,7 @@ import enum
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Final, Generic, NamedTuple, TypeAlias, TypeVar
 
 from tally.core.availability import EntryAvailability
@@ -603,7 +603,8 @@ _Buffer: TypeAlias = bytes | bytearray | memoryview
 KEEP_IN_PLACE: Final = 8 << 10
 """An ADD's entry at least this long stays a view of the bytes it arrived in: copying 64 KiB
 out was a sixth of a bookie's time per add. Shorter ones are copied, so that they do not
-keep a megabyte arena alive for a few bytes."""
+keep a megabyte arena alive for a few bytes; so are long ones in an arena that other
+requests filled more than half of (`FrameReader._may_keep`)."""
 
 
 class FrameReader(ABC, Generic[_Message]):
@@ -623,9 +624,9 @@ class FrameReader(ABC, Generic[_Message]):
         "_arenas",
         "_end",
         "_failure",
+        "_kept_bytes",
         "_max_frame_size",
         "_offset",
-        "_pinned",
         "_start",
     )
 
@@ -647,8 +648,8 @@ class FrameReader(ABC, Generic[_Message]):
         """Where the first frame not yet decoded begins in the arena."""
         self._end = 0
         """Where the received bytes end in the arena."""
-        self._pinned = False
-        """Whether a decoded message holds a view of the arena."""
+        self._kept_bytes = 0
+        """Bytes of the arena that decoded messages hold views of."""
         self._offset = 0
         self._failure: str | None = None
 
@@ -674,9 +675,9 @@ class FrameReader(ABC, Generic[_Message]):
         pending = self._end - self._start
         size = max(self._arenas.arena_size, pending + needed)
         old = self._arena
-        if self._pinned or size > len(old):
+        if self._kept_bytes or size > len(old):
             self._arena = memoryview(self._arenas.take(size))
-            self._pinned = False
+            self._kept_bytes = 0
             self._arena[:pending] = old[self._start : self._end]
             self._arenas.give_back(old.obj)  # type: ignore[arg-type]
         else:
@@ -687,8 +688,7 @@ class FrameReader(ABC, Generic[_Message]):
         """Give the arena back to the pool: the stream is over (views of it may live on)."""
         arena = self._arena.obj
         self._arena = memoryview(bytearray())
-        self._start = self._end = 0
-        self._pinned = False
+        self._start = self._end = self._kept_bytes = 0
         self._arenas.give_back(arena)  # type: ignore[arg-type]
 
     def buffer_updated(self, nbytes: int) -> list[_Message]:
@@ -737,10 +737,19 @@ class FrameReader(ABC, Generic[_Message]):
             messages.append(self._decode(arena, pos + _LENGTH.size, stop))
             self._offset += stop - pos
             pos = stop
-        if pos == end and not self._pinned:
+        if pos == end and not self._kept_bytes:
             pos = end = self._end = 0
         self._start = pos
         return messages
+
+    def _may_keep(self, size: int, stop: int) -> bool:
+        """Whether `size` bytes ending at `stop` in the arena may stay a view of it: only
+        while kept bytes are at least half of what the arena has received, so that a stream
+        of other requests cannot have a few kept bytes hold whole arenas alive."""
+        if 2 * (self._kept_bytes + size) < stop:
+            return False
+        self._kept_bytes += size
+        return True
 
     def _check_length(self, length: int) -> None:
         if length > self._max_frame_size:
@@ -774,11 +783,16 @@ class RequestReader(FrameReader[Request]):
             _check_header(operation, flags, _RULES[operation].flags, scope, ledger, entry_id)
             body = view[start + REQUEST_HEADER_SIZE : stop]
             request = _REQUEST_DECODERS[operation](request_id, scope, ledger, entry_id, flags, body)
-            if type(request) is AddRequest and type(request.entry) is memoryview:
-                self._pinned = True
+            if isinstance(request, AddRequest) and type(request.entry) is memoryview:
+                return self._kept_or_copied(request, stop)
             return request
         except MalformedData as error:
             raise MalformedData(f"{operation.name} request {request_id}: {error}") from None
+
+    def _kept_or_copied(self, request: AddRequest, stop: int) -> AddRequest:
+        if self._may_keep(len(request.entry), stop):
+            return request
+        return replace(request, entry=bytes(request.entry))
 
 
 class ResponseReader(FrameReader[Response]):
