@@ -29,7 +29,7 @@ from tally.core.errors import (
     WriteFailed,
 )
 from tally.core.ids import LedgerId
-from tally.core.protocol import LedgerInfo
+from tally.core.protocol import KEEP_IN_PLACE, LedgerInfo
 
 L1 = LedgerId(0, 1)
 L2 = LedgerId(5, 2)
@@ -94,6 +94,19 @@ def test_a_lost_index_is_refused_rather_than_started_empty(storage: LedgerStorag
     with pytest.raises(IllegalOperation, match="entry logs but no index"):
         LedgerStorage(storage.directory)
     assert not (storage.directory / "index").exists()
+
+
+def test_a_short_view_is_copied_and_a_long_one_kept(storage: LedgerStorage) -> None:
+    """A view keeps its whole buffer alive; a short entry is not worth that."""
+    short, long = b"s" * (KEEP_IN_PLACE - 1), b"l" * KEEP_IN_PLACE
+    buffer = bytearray(b"head" + short + long)
+    storage.add_entry(L1, 0, crc32c(short), memoryview(buffer)[4 : 4 + len(short)], -1)
+    storage.add_entry(L1, 1, crc32c(long), memoryview(buffer)[4 + len(short) :], 0)
+    stored_short, stored_long = storage.get_entry(L1, 0)[1], storage.get_entry(L1, 1)[1]
+    assert type(stored_short) is bytes
+    assert stored_short == short
+    assert type(stored_long) is memoryview
+    assert stored_long.obj is buffer
 
 
 def test_an_add_whose_crc_does_not_match_is_refused(storage: LedgerStorage) -> None:

@@ -69,7 +69,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.protocol import EntryBytes, LedgerInfo
+from tally.core.protocol import KEEP_IN_PLACE, EntryBytes, LedgerInfo
 
 LAST_ENTRY = -1
 """The entry id that reads the highest entry the bookie holds (BookKeeper's LAST_ADD_CONFIRMED
@@ -270,14 +270,15 @@ class LedgerStorage:
         """Store an entry (in the write cache) and the LAC its writer piggy-backed on it.
 
         `crc32c` is the client's CRC32C of `data`; a mismatch is BadDigest, so call this
-        before journaling the add. `data` is kept as it is (bytes or a view nobody
-        reuses), not copied.
+        before journaling the add. `data` is kept as it is (bytes, or a view nobody writes
+        to again), except a view shorter than KEEP_IN_PLACE, which is copied rather than
+        keep a larger buffer alive for a few bytes (a replayed journal record, say).
         """
         _check_entry_id(entry_id, ledger_id)
         _check_lac(last_add_confirmed, ledger_id)
         if not data:
             raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
-        stored = data
+        stored = data if type(data) is bytes or len(data) >= KEEP_IN_PLACE else bytes(data)
         actual = compute_crc32c(stored)
         if actual != crc32c:
             raise BadDigest(
