@@ -24,14 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.direct_io import aligned_up
-from tally.bookie.journal import (
-    FRAME_SIZE,
-    HEADER_SIZE,
-    Journal,
-    JournalMark,
-    file_name,
-    journal_files,
-)
+from tally.bookie.journal import Journal, journal_files
+from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
 
@@ -454,43 +448,101 @@ def damaged_copies(
             yield f"{how} at {offset}", offset, copy
 
 
-def test_damage_anywhere_in_the_last_file_keeps_exactly_the_records_before_it(
+def replayed_with_damage(
+    directory: Path, start: JournalMark | None = None
+) -> tuple[list[tuple[JournalMark, bytes]], list[tuple[int, int]]]:
+    """The records replayed and the (start, end) of each stretch the replay found damaged."""
+    journal = Journal(directory)
+    records = list(journal.replay(start))
+    return records, [(damage.start, damage.end) for damage in journal.damage]
+
+
+def destroyed(how: str, offset: int, marks: list[JournalMark]) -> list[bool]:
+    """Which of the records ending at `marks` (one file) a cut, flip or zero at `offset` hit."""
+    starts = [HEADER_SIZE] + [mark.offset for mark in marks[:-1]]
+    if how == "flip":
+        return [start <= offset < mark.offset for start, mark in zip(starts, marks, strict=True)]
+    return [mark.offset > offset for mark in marks]
+
+
+def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def test_damage_anywhere_in_the_last_file_is_a_torn_tail_or_skipped_damage(
     tmp_path: Path,
 ) -> None:
-    """Cut, flip or zero the last file at any offset: replay gives the records that end at
-    or before it (a torn tail), or refuses a damaged header; a restart then carries on."""
+    """Cut, flip or zero the last file at any offset: records that nothing valid follows are
+    a torn tail, dropped quietly; a bad record with valid records after it is damage,
+    reported, and the records after it are replayed. A damaged header is refused. A restart
+    then carries on, and the damage is found again where it was."""
     source = tmp_path / "source"
     records = [b"one", b"", b"three", os.urandom(37)]
     marks = run(write_journal(source, records, **SMALL))
-    whole = list(zip(marks, records, strict=True))
+    starts = [HEADER_SIZE] + [mark.offset for mark in marks[:-1]]
     for case, offset, copy in damaged_copies(source, tmp_path, 0, marks[-1].offset):
         if offset < HEADER_SIZE:
             with pytest.raises(MalformedData, match=file_name(1)):
                 replayed(copy)
             continue
-        intact = [(mark, record) for mark, record in whole if mark.offset <= offset]
-        assert replayed(copy) == intact, case
+        hit = destroyed(case.split()[0], offset, marks)
+        kept = [
+            (mark, record)
+            for mark, record, gone in zip(marks, records, hit, strict=True)
+            if not gone
+        ]
+        last_kept = max((i for i, gone in enumerate(hit) if not gone), default=-1)
+        damage = merged(
+            [(starts[i], marks[i].offset) for i, gone in enumerate(hit) if gone and i < last_kept]
+        )
+        found, found_damage = replayed_with_damage(copy)
+        assert found == kept, case
+        assert merged(found_damage) == damage, case
         run(write_journal(copy, [b"after"]))
-        assert [record for _, record in replayed(copy)] == [r for _, r in intact] + [b"after"]
+        found, found_damage = replayed_with_damage(copy)
+        assert [record for _, record in found] == [r for _, r in kept] + [b"after"], case
+        assert merged(found_damage) == damage, case
 
 
-def test_damage_before_the_recorded_end_of_an_older_file_is_an_error(tmp_path: Path) -> None:
+def test_damage_before_the_recorded_end_of_an_older_file_is_reported_and_skipped(
+    tmp_path: Path,
+) -> None:
+    """An older file's records are acknowledged up to the end its successor recorded: a cut,
+    a flip or zeros anywhere before it are damage, reported, and every record not hit is
+    replayed, the next file's too."""
     source = tmp_path / "source"
-    marks = run(write_journal(source, [b"one", b"two", b"three"], **SMALL))
+    records = [b"one", b"two", b"three"]
+    marks = run(write_journal(source, records, **SMALL))
     run(write_journal(source, [b"next file"], **SMALL))
     original = source / file_name(1)
     data = original.read_bytes()
-    for offset in range(marks[-1].offset):
-        for damaged in (
-            data[:offset] + bytes([data[offset] ^ 0x01]) + data[offset + 1 :],
-            data[:offset],
-            data[:offset] + bytes(len(data) - offset),
+    starts = [HEADER_SIZE] + [mark.offset for mark in marks[:-1]]
+    for offset in range(HEADER_SIZE, marks[-1].offset):
+        for how, damaged in (
+            ("flip", data[:offset] + bytes([data[offset] ^ 0x01]) + data[offset + 1 :]),
+            ("cut", data[:offset]),
+            ("zero", data[:offset] + bytes(len(data) - offset)),
         ):
             original.write_bytes(damaged)
-            with pytest.raises(MalformedData, match=str(original)):
-                replayed(source)
+            hit = destroyed(how, offset, marks)
+            found, found_damage = replayed_with_damage(source)
+            expected = [r for r, gone in zip(records, hit, strict=True) if not gone]
+            assert [record for _, record in found] == [*expected, b"next file"], (how, offset)
+            assert merged(found_damage) == merged(
+                [(starts[i], marks[i].offset) for i, gone in enumerate(hit) if gone]
+            ), (how, offset)
     original.write_bytes(data)
-    assert [record for _, record in replayed(source)] == [b"one", b"two", b"three", b"next file"]
+    assert replayed_with_damage(source) == (
+        [(mark, record) for mark, record in zip(marks, records, strict=True)]
+        + [(JournalMark(2, HEADER_SIZE + FRAME_SIZE + len(b"next file")), b"next file")],
+        [],
+    )
 
 
 def test_a_torn_tail_left_behind_in_an_older_file_is_not_mistaken_for_damage(

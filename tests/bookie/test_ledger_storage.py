@@ -23,6 +23,7 @@ from tally.core.errors import (
     BadRequest,
     EntryUnreadable,
     IllegalOperation,
+    LedgerInLimbo,
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
@@ -303,6 +304,65 @@ def test_availability_merges_index_and_cache_and_forgotten_entries_are_missing(
     assert info.byte_count == sum(len(body(L1, e)) for e in expected)
     with pytest.raises(NoSuchLedger):
         storage.forget_entries(L2, [1])
+    storage.close()
+
+
+def test_a_ledger_in_limbo_never_answers_no_such_entry_and_stays_there_across_a_reopen(
+    storage: LedgerStorage,
+) -> None:
+    held = {e: add(storage, L1, e) for e in (0, 2)}
+    storage.enter_limbo([L1, L2])
+    assert storage.limbo_ledgers() == {L1, L2}
+    assert storage.is_fenced(L1)
+    assert storage.is_fenced(L2), "a ledger the bookie knew nothing of is fenced all the same"
+    for _ in range(2):
+        for entry_id, data in held.items():
+            assert storage.get_entry(L1, entry_id) == (crc32c(data), data)
+        for entry_id in (1, 3, 10**6):
+            with pytest.raises(LedgerInLimbo):
+                storage.get_entry(L1, entry_id)
+        with pytest.raises(LedgerInLimbo):
+            storage.get_entry(L2, 0)
+        with pytest.raises(LedgerInLimbo):
+            storage.get_entry(L2, LAST_ENTRY)
+        assert storage.get_entry(L1, LAST_ENTRY)[1] == held[2]
+        assert storage.availability(L1) == EntryAvailability.from_entries([0, 2])
+        assert storage.availability(L2) == EntryAvailability.empty()
+        storage.checkpoint(b"mark")
+        storage = reopen(storage)
+        assert storage.limbo_ledgers() == {L1, L2}
+        assert storage.is_fenced(L1)
+    storage.leave_limbo(L1)
+    with pytest.raises(NoSuchEntry):
+        storage.get_entry(L1, 1)
+    storage.checkpoint(b"mark")
+    storage = reopen(storage)
+    assert storage.limbo_ledgers() == {L2}
+    storage.delete_ledger(L2)
+    assert storage.limbo_ledgers() == frozenset()
+    storage = reopen(storage)
+    assert storage.limbo_ledgers() == frozenset()
+    with pytest.raises(NoSuchLedger):
+        storage.get_entry(L2, 0)
+    storage.close()
+
+
+def test_limbo_is_written_again_after_a_failed_checkpoint(
+    storage: LedgerStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage.enter_limbo([L1])
+    original = storage._index.write
+
+    def failing(batch: object) -> None:
+        raise WriteFailed("disk gone")
+
+    monkeypatch.setattr(storage._index, "write", failing)
+    with pytest.raises(WriteFailed):
+        storage.checkpoint(b"mark-1")
+    monkeypatch.setattr(storage._index, "write", original)
+    storage.checkpoint(b"mark-2")
+    storage = reopen(storage)
+    assert storage.limbo_ledgers() == {L1}
     storage.close()
 
 

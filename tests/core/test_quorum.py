@@ -7,31 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tally.core.answers import Answer
 from tally.core.errors import (
-    BadDigest,
     BadRequest,
-    BookieUnavailable,
-    EntryUnreadable,
-    LedgerFenced,
-    NoSuchEntry,
-    NoSuchLedger,
-    Timeout,
-    TooManyRequests,
-    Unauthorized,
-    wire_codes,
 )
 from tally.core.quorum import (
     FencingTracker,
     PendingAdds,
     RecoveryRead,
     RecoveryReadDecision,
-    Response,
     coverage_threshold,
     decide_recovery_read,
 )
 from tally.core.schedule import write_set
 
-POS, NEG, UNK = Response.POSITIVE, Response.NEGATIVE, Response.UNKNOWN
+POS, NEG, UNK = Answer.POSITIVE, Answer.NEGATIVE, Answer.UNKNOWN
 RECOVERABLE = RecoveryReadDecision.RECOVERABLE
 UNRECOVERABLE = RecoveryReadDecision.UNRECOVERABLE
 WAIT = RecoveryReadDecision.WAIT
@@ -93,35 +83,6 @@ def test_coverage_threshold_rejects_bad_sizes(size: int, aq: int) -> None:
         coverage_threshold(size, aq)
 
 
-# --- response classification -------------------------------------------------------------
-
-
-def test_only_explicit_absence_is_negative() -> None:
-    assert Response.of(None) is POS
-    for error_type in wire_codes().values():
-        expected = NEG if error_type in (NoSuchEntry, NoSuchLedger) else UNK
-        assert Response.of(error_type("x")) is expected, error_type
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        Timeout(),
-        BadDigest(),
-        EntryUnreadable(),
-        LedgerFenced(),
-        BookieUnavailable(),
-        TooManyRequests(),
-        Unauthorized(),
-        TimeoutError(),
-        ConnectionResetError(),
-        ValueError(),
-    ],
-)
-def test_errors_and_timeouts_are_unknown(error: BaseException) -> None:
-    assert Response.of(error) is UNK
-
-
 # --- recovery reads ----------------------------------------------------------------------
 
 # The seed's figures: WQ=3, AQ=2, so two explicit negatives close the ledger.
@@ -159,20 +120,20 @@ def test_positive_wins_over_negatives_in_one_map() -> None:
     assert decide_recovery_read(3, 2, {0: NEG, 1: NEG, 2: POS}) is RECOVERABLE
 
 
-responses_maps = st.dictionaries(st.integers(0, 5), st.sampled_from(Response), max_size=6)
+responses_maps = st.dictionaries(st.integers(0, 5), st.sampled_from(Answer), max_size=6)
 
 
 @st.composite
-def write_sets_and_answers(draw: st.DrawFn) -> tuple[int, int, dict[int, Response]]:
+def write_sets_and_answers(draw: st.DrawFn) -> tuple[int, int, dict[int, Answer]]:
     wq = draw(st.integers(1, 6))
     aq = draw(st.integers(1, wq))
-    answers = draw(st.dictionaries(st.integers(0, wq - 1), st.sampled_from(Response)))
+    answers = draw(st.dictionaries(st.integers(0, wq - 1), st.sampled_from(Answer)))
     return wq, aq, answers
 
 
 @settings(max_examples=400)
 @given(write_sets_and_answers())
-def test_recovery_decision_matches_brute_force(case: tuple[int, int, dict[int, Response]]) -> None:
+def test_recovery_decision_matches_brute_force(case: tuple[int, int, dict[int, Answer]]) -> None:
     wq, aq, answers = case
     decision = decide_recovery_read(wq, aq, answers)
     negatives = {p for p, r in answers.items() if r is NEG}
@@ -192,7 +153,7 @@ def test_recovery_decision_matches_brute_force(case: tuple[int, int, dict[int, R
 @settings(max_examples=300)
 @given(write_sets_and_answers())
 def test_unknowns_count_as_silence_not_negatives(
-    case: tuple[int, int, dict[int, Response]],
+    case: tuple[int, int, dict[int, Answer]],
 ) -> None:
     wq, aq, answers = case
     silent = {p: r for p, r in answers.items() if r is not UNK}
@@ -227,12 +188,12 @@ def test_recovery_read_rejects_bad_arguments() -> None:
 
 
 @st.composite
-def fencing_cases(draw: st.DrawFn) -> tuple[tuple[int, int, int], dict[int, Response]]:
+def fencing_cases(draw: st.DrawFn) -> tuple[tuple[int, int, int], dict[int, Answer]]:
     e, wq, aq = draw(quorums())
-    return (e, wq, aq), draw(st.dictionaries(st.integers(0, e - 1), st.sampled_from(Response)))
+    return (e, wq, aq), draw(st.dictionaries(st.integers(0, e - 1), st.sampled_from(Answer)))
 
 
-def fed_tracker(e: int, wq: int, aq: int, answers: dict[int, Response]) -> FencingTracker:
+def fed_tracker(e: int, wq: int, aq: int, answers: dict[int, Answer]) -> FencingTracker:
     tracker = FencingTracker(e, wq, aq)
     for position, response in answers.items():
         tracker.record(position, response, lac=position if response is POS else None)
@@ -251,7 +212,7 @@ def writer_can_confirm(e: int, wq: int, aq: int, unfenced: set[int]) -> bool:
 @settings(max_examples=400)
 @given(fencing_cases())
 def test_fencing_completes_exactly_when_no_write_set_has_an_unfenced_ack_quorum(
-    case: tuple[tuple[int, int, int], dict[int, Response]],
+    case: tuple[tuple[int, int, int], dict[int, Answer]],
 ) -> None:
     (e, wq, aq), answers = case
     tracker = fed_tracker(e, wq, aq, answers)
@@ -267,7 +228,7 @@ def test_fencing_completes_exactly_when_no_write_set_has_an_unfenced_ack_quorum(
 @settings(max_examples=300)
 @given(fencing_cases())
 def test_ensemble_count_implies_write_set_rule_and_equals_it_when_wq_is_e(
-    case: tuple[tuple[int, int, int], dict[int, Response]],
+    case: tuple[tuple[int, int, int], dict[int, Answer]],
 ) -> None:
     (e, wq, aq), answers = case
     tracker = fed_tracker(e, wq, aq, answers)

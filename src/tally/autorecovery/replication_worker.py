@@ -49,13 +49,11 @@ from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
 from tally.client.reader import EntryFetcher, FetchedEntry
 from tally.client.recovery import recover
+from tally.core.answers import Copy
 from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType, LedgerKeys, mac_key, master_key
 from tally.core.errors import (
-    BadDigest,
-    EntryUnreadable,
     MetadataVersionConflict,
-    NoSuchEntry,
     NoSuchLedger,
     TallyError,
 )
@@ -87,8 +85,6 @@ RATE_BURST_SECONDS = 0.1
 """The rate limit's burst, in seconds of its rate."""
 LOST_REASON_ENTRIES = 20
 """Entries described one by one in a lost-entries record's reason and its alert."""
-_NEGATIVE = (NoSuchEntry, NoSuchLedger, BadDigest, EntryUnreadable)
-"""Answers saying a bookie has no readable copy; anything else is unknown."""
 
 
 class Outcome(enum.Enum):
@@ -578,11 +574,9 @@ class _LedgerRepair:
             try:
                 fetched = await self.fetcher.read_from(metadata, bookie, entry_id)
                 break
-            except _NEGATIVE as error:
-                answers[bookie] = type(error).__name__
             except (TallyError, TimeoutError) as error:
                 answers[bookie] = type(error).__name__
-                unknown = True
+                unknown |= Copy.of(error) is Copy.UNKNOWN
         if fetched is None:
             metrics.ENTRIES_UNABLE_TO_READ.inc()
             described = ", ".join(f"{bookie} {answer}" for bookie, answer in answers.items())

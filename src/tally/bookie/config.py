@@ -51,6 +51,9 @@ class BookieConfig:
     disk_usage_threshold: float = 0.95
     disk_usage_lwm_threshold: float = 0.90
     disk_check_interval_ms: int = 10_000
+    limbo_check_interval: float = 30.0
+    """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
+    they are closed and whole again, or still need marking for repair."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     tls_cert: Path | None = None
     """PEM certificate chain; with tls_key, the bookie speaks TLS only."""

@@ -10,6 +10,8 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
+              b"limbo_ledgers"                       ->  (scope u64, ledger u64) of each
+                                                         ledger in limbo (ledger_storage.py)
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -61,6 +63,7 @@ _LEDGERS = "ledgers"
 _META = "meta"
 _JOURNAL_MARK = b"journal_mark"
 _KEPT_JOURNAL_FILES = b"kept_journal_files"
+_LIMBO_LEDGERS = b"limbo_ledgers"
 _PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
 _SCAN_CHUNK = 1 << 16
 
@@ -205,6 +208,10 @@ class IndexBatch:
         packed = b"".join(_FILE_ID.pack(file_id) for file_id in sorted(file_ids))
         self._batch.put(_KEPT_JOURNAL_FILES, packed, self._index._meta_handle)
 
+    def put_limbo_ledgers(self, ledger_ids: Iterable[LedgerId]) -> None:
+        packed = b"".join(_ledger_key(ledger_id) for ledger_id in sorted(ledger_ids))
+        self._batch.put(_LIMBO_LEDGERS, packed, self._index._meta_handle)
+
 
 class Index:
     """The bookie's index; `open_read_only` gives admin tools a view of a live one.
@@ -321,6 +328,21 @@ class Index:
                 f"{_FILE_ID.size}: the index is damaged"
             )
         return {file_id for (file_id,) in _FILE_ID.iter_unpack(raw)}
+
+    def limbo_ledgers(self) -> set[LedgerId]:
+        """The ledgers in limbo: their entries may have been lost (see ledger_storage)."""
+        try:
+            raw = self._meta_db.get(_LIMBO_LEDGERS)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the limbo ledgers: {error}") from error
+        if raw is None:
+            return set()
+        if len(raw) % _LEDGER_KEY.size:
+            raise EntryUnreadable(
+                f"index: the limbo ledgers take {len(raw)} bytes, not a multiple of "
+                f"{_LEDGER_KEY.size}: the index is damaged"
+            )
+        return {LedgerId(scope, ledger) for scope, ledger in _LEDGER_KEY.iter_unpack(raw)}
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""

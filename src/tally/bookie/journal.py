@@ -13,24 +13,15 @@ written over or after. A file is born under a temporary name with its header and
 preallocated chunk, fsync'ed, renamed and its directory fsync'ed: a `.txn` file always has
 a whole header.
 
-File header (40 bytes, big-endian): magic `TALLYJNL`, uint32 format version, uint64 file
-id, uint64 id of the previous file (0 for none), uint64 end of the previous file's records,
-uint32 CRC32C of the 36 bytes before it. The file that is being written when a crash
-happens ends in a torn tail, and it stops being the last file as soon as the next start
-writes a new one: so the end of each file's records is recorded in its successor's header.
-Replay reads every file but the last exactly up to that end, and anything wrong before it
-(a zero frame, a bad checksum, a cut record) is damage to acknowledged data: `MalformedData`
-naming the file and offset, never a silent skip. Only in the last file, whose end nobody
-recorded, does a bad record mean a torn write: replay stops there and logs it. It cannot
-tell a torn write from a disk that corrupted the last file's acknowledged records; nothing
-short of a second copy can, which is what the other bookies of the write quorum are.
-
-Record (10-byte frame, then the payload): uint32 length of the payload, uint16 length of its
-head, uint32 CRC32C over the payload's body (what follows the head), then its head, then the
-frame's first six bytes. The body comes first so that an entry's checksum, which the bookie
-has just verified, is not computed a second time over 64 KiB (`append_then`'s `body_crc`).
-An empty record's checksum is the CRC32C of six zero bytes, which is not zero: the zeros of
-preallocated space (an all-zero frame) never read as a record.
+The bytes of files and records, and how replay tells a torn tail from damage, are
+journal_format.py's. Replay reads every file but the last up to the end of its records that
+its successor's header recorded, and the last one up to its first bad record that no valid
+record follows (a torn write). Damage, a bad stretch before that, is logged and listed in
+`damage`, and replay goes on after it: the bookie cannot know which records it lost, so it
+treats the ledgers of that file as in limbo (server.py) rather than forget the records after
+the damage. A torn write and a disk that corrupted the last acknowledged records look the
+same; nothing short of a second copy can tell them apart, which is what the other bookies
+of the write quorum are.
 
 Preallocation: `posix_fallocate` reserves the file `preallocate_size` at a time ahead of
 the writes, so every record lands inside the file's size: fdatasync has no size change to
@@ -71,7 +62,6 @@ import logging
 import mmap
 import os
 import re
-import struct
 import threading
 import time
 from collections import deque
@@ -82,25 +72,22 @@ from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
 from tally.bookie.direct_io import enable_direct
+from tally.bookie.journal_format import (
+    HEADER_SIZE,
+    Damage,
+    FileHeader,
+    JournalMark,
+    Scan,
+    file_name,
+    frame,
+    scan_records,
+)
 from tally.bookie.journal_staging import JournalStage, StagedBuffer
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
 
 log = logging.getLogger(__name__)
-
-MAGIC = b"TALLYJNL"
-FORMAT_VERSION = 2
-_HEADER_FIELDS = struct.Struct(">8sIQQQ")
-_U32 = struct.Struct(">I")
-_FRAME = struct.Struct(">IHI")
-_FRAME_SIZES = struct.Struct(">IH")
-"""The frame's lengths, which its checksum covers after the payload."""
-_MARK = struct.Struct(">QQ")
-HEADER_SIZE = _HEADER_FIELDS.size + _U32.size
-FRAME_SIZE = _FRAME.size
-MAX_RECORD_SIZE = 2**32 - 1
-MAX_HEAD_SIZE = 2**16 - 1
 
 DEFAULT_FILE_SIZE = 2 << 30
 """BookKeeper's journalMaxSizeMB (2048)."""
@@ -124,27 +111,6 @@ Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
 WriteFailed)."""
 
 
-class JournalMark(NamedTuple):
-    """A position in the journal: the end of a record, ordered like the journal.
-
-    A checkpoint at a mark says that every record before it is safe in ledger storage.
-    A named tuple rather than a dataclass: one is made for every acknowledged record.
-    """
-
-    file_id: int
-    offset: int
-
-    def to_bytes(self) -> bytes:
-        return _MARK.pack(self.file_id, self.offset)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> JournalMark:
-        if len(data) != _MARK.size:
-            raise MalformedData(f"a journal mark is {_MARK.size} bytes, got {len(data)}")
-        file_id, offset = _MARK.unpack(data)
-        return cls(file_id, offset)
-
-
 @dataclass
 class JournalStats:
     """Counters of the write path for the bookie's metrics, kept by the journal thread."""
@@ -164,45 +130,6 @@ class JournalStats:
         if not recent:
             return 0.0
         return recent[min(len(recent) - 1, int(q * len(recent)))]
-
-
-@dataclass(frozen=True)
-class _FileHeader:
-    file_id: int
-    previous_file_id: int
-    previous_end: int
-
-    def to_bytes(self) -> bytes:
-        fields = _HEADER_FIELDS.pack(
-            MAGIC, FORMAT_VERSION, self.file_id, self.previous_file_id, self.previous_end
-        )
-        return fields + _U32.pack(crc32c(fields))
-
-    @classmethod
-    def read(cls, path: Path, file_id: int) -> _FileHeader:
-        """The header of `path`, refusing anything that is not journal file `file_id`."""
-        with path.open("rb") as f:
-            data = f.read(HEADER_SIZE)
-        if len(data) < HEADER_SIZE:
-            raise MalformedData(
-                f"{path} is not a tally journal file: {len(data)} bytes, "
-                f"shorter than the {HEADER_SIZE}-byte header"
-            )
-        magic, version, found_id, previous_file_id, previous_end = _HEADER_FIELDS.unpack_from(data)
-        if magic != MAGIC:
-            raise MalformedData(
-                f"{path} is not a tally journal file: it starts with {magic!r}, not {MAGIC!r}"
-            )
-        (checksum,) = _U32.unpack_from(data, _HEADER_FIELDS.size)
-        if checksum != crc32c(data[: _HEADER_FIELDS.size]):
-            raise MalformedData(f"{path}: the journal file header fails its checksum")
-        if version != FORMAT_VERSION:
-            raise MalformedData(
-                f"{path}: journal format version {version}; this tally reads {FORMAT_VERSION}"
-            )
-        if found_id != file_id:
-            raise MalformedData(f"{path}: the header says journal file {found_id:016x}")
-        return cls(file_id, previous_file_id, previous_end)
 
 
 @dataclass
@@ -263,10 +190,6 @@ _RUNNING = _State.RUNNING
 """For the append path: a member looked up on its Enum class costs 0.3 us in Python 3.11."""
 
 
-def file_name(file_id: int) -> str:
-    return f"{file_id:016x}.txn"
-
-
 def journal_files(directory: Path) -> list[tuple[int, Path]]:
     """The journal files of `directory` by increasing id; a stray `.txn` name is refused."""
     if not directory.is_dir():
@@ -324,6 +247,8 @@ class Journal:
         self._failure: WriteFailed | None = None
         # What replay learnt: where the last file's records end, the newest id in use.
         self._tail: JournalMark | None = None
+        self.damage: list[Damage] = []
+        """What the last replay found damaged (journal_format.Damage), in journal order."""
         self._highest_file_id = 0
         self._last_mark = JournalMark(0, 0)
         # The journal thread's file.
@@ -358,8 +283,10 @@ class Journal:
         """Every record after `start` (all records if None) with the mark of its end, in order.
 
         Synchronous, for start-up before `start()`. Raises `MalformedData` for a foreign
-        file, a missing file, or damage before the recorded end of a file; stops quietly at
-        the end of the last file's records (logging a torn tail).
+        file or a missing file. Damage, a stretch without valid records where records were
+        acknowledged, is logged and listed in `damage` once the iteration is over; the
+        records after it are replayed. Stops at the end of the last file's records (logging
+        a torn tail).
         """
         if self._state is not _State.NEW:
             raise IllegalOperation("journal replay must come before start()")
@@ -375,7 +302,7 @@ class Journal:
                     f"checkpoint mark {tuple(start)}, is missing"
                 )
             files = [(file_id, path) for file_id, path in files if file_id >= start.file_id]
-        headers = [_FileHeader.read(path, file_id) for file_id, path in files]
+        headers = [_read_header(path, file_id) for file_id, path in files]
         for (previous_id, previous_path), header, (_, path) in zip(
             files, headers[1:], files[1:], strict=False
         ):
@@ -384,13 +311,14 @@ class Journal:
                     f"{path} follows journal file {header.previous_file_id:016x}, "
                     f"but the file before it is {previous_path}: a journal file is missing"
                 )
+        self.damage = []
         for index, (file_id, path) in enumerate(files):
             begin = start.offset if start is not None and file_id == start.file_id else HEADER_SIZE
-            if index + 1 < len(files):
-                yield from _read_records(path, file_id, begin, headers[index + 1].previous_end)
-            else:
-                end = yield from _read_records(path, file_id, begin, None)
-                self._tail = JournalMark(file_id, end)
+            end = headers[index + 1].previous_end if index + 1 < len(files) else None
+            scan = yield from _read_records(path, file_id, begin, end)
+            self.damage.extend(scan.damage)
+            if end is None:
+                self._tail = JournalMark(file_id, scan.end)
 
     async def start(self) -> None:
         """Write a new journal file (never append to an old, possibly torn one)."""
@@ -411,7 +339,7 @@ class Journal:
             header,
             file_size=self.file_size,
             batch_bytes=self.max_batch_bytes,
-            new_file_header=lambda *fields: _FileHeader(*fields).to_bytes(),
+            new_file_header=lambda *fields: FileHeader(*fields).to_bytes(),
         )
         self._state = _State.RUNNING
 
@@ -427,10 +355,10 @@ class Journal:
             if self._tail is not None and self._tail.file_id == last_id:
                 previous = self._tail
             else:
-                _FileHeader.read(last_path, last_id)
+                _read_header(last_path, last_id)
                 previous = JournalMark(last_id, _drain(_read_records(last_path, last_id)))
         file_id = max(previous.file_id, self._highest_file_id) + 1
-        header = _FileHeader(file_id, *previous).to_bytes()
+        header = FileHeader(file_id, *previous).to_bytes()
         self._file = self._create(file_id, header)
         return file_id, header
 
@@ -514,19 +442,11 @@ class Journal:
         waiter: asyncio.Future[JournalMark] | Done,
         body_crc: int | None = None,
     ) -> None:
-        size = len(head) + len(body)
-        if size > MAX_RECORD_SIZE or len(head) > MAX_HEAD_SIZE:
-            raise BadRequest(
-                f"journal record of {size} bytes (head {len(head)}) exceeds "
-                f"{MAX_RECORD_SIZE} (head {MAX_HEAD_SIZE})"
-            )
+        framed = frame(head, len(body), crc32c(body) if body_crc is None else body_crc)
         stage = self._stage
         assert stage is not None
         if not stage.queued_bytes and self.max_batch_delay:
             self._first_queued_at = loop.time()
-        sizes = _FRAME_SIZES.pack(size, len(head))
-        checksum = crc32c(head + sizes, crc32c(body) if body_crc is None else body_crc)
-        framed = sizes + _U32.pack(checksum) + head
         with self._queue_lock:
             stage.add(framed, body, waiter)
             if self._in_flight:
@@ -837,85 +757,70 @@ def _call(done: Done, mark: JournalMark | None, error: Exception | None) -> None
         log.exception("journal: a record's callback failed")
 
 
+def _read_header(path: Path, file_id: int) -> FileHeader:
+    with path.open("rb") as f:
+        return FileHeader.from_bytes(f.read(HEADER_SIZE), file_id, str(path))
+
+
 def _read_records(
     path: Path, file_id: int, begin: int = HEADER_SIZE, end: int | None = None
-) -> Generator[tuple[JournalMark, bytes], None, int]:
-    """The records of one file from `begin`, up to `end` if its successor recorded one.
+) -> Generator[tuple[JournalMark, bytes], None, Scan]:
+    """The records of one file from `begin`, up to `end` if its successor recorded one;
+    returns how they ended (journal_format.scan_records), logging damage and a torn tail.
 
-    Returns the offset where the records stop. With `end` given, stopping anywhere before
-    it is damage; without (the last file), it is the end of the journal.
+    A file shorter than its recorded end lost records too: damage from where it stops.
     """
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
-        bound = size if end is None else end
-        if bound > size:
-            raise MalformedData(
-                f"{path}: the next journal file records its end at {bound}, "
-                f"but it holds only {size} bytes"
-            )
-        if not HEADER_SIZE <= begin <= bound:
+        bound = size if end is None else min(end, size)
+        if not HEADER_SIZE <= begin <= max(bound, HEADER_SIZE):
             raise MalformedData(
                 f"{path}: replay would start at offset {begin}, outside its records "
                 f"[{HEADER_SIZE}, {bound}]"
             )
-        if begin == bound:
-            return begin
-        with (
-            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-            memoryview(mapped) as view,
-        ):
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            position, problem = begin, None
-            while position < bound:
-                if bound - position < FRAME_SIZE:
-                    problem = f"a record frame cut short ({bound - position} bytes)"
-                    break
-                length, head_size, checksum = _FRAME.unpack_from(view, position)
-                if length == head_size == checksum == 0:
-                    problem = "no record (zeros)" if end is not None else None
-                    break
-                if head_size > length:
-                    problem = f"a record frame with a head of {head_size} bytes in {length}"
-                    break
-                stop = position + FRAME_SIZE + length
-                if stop > bound:
-                    problem = f"a record of {length} bytes cut short at {bound}"
-                    break
-                # Copied first, in order, for the kernel's readahead (a CRC32C walks three
-                # parts of its buffer at once), then checked in the copy. No slice of `view`
-                # outlives its statement, so the map can close.
-                payload = bytes(view[position + FRAME_SIZE : stop])
-                parts = memoryview(payload)
-                head_crc = crc32c(parts[:head_size], crc32c(parts[head_size:]))
-                if crc32c(view[position : position + _FRAME_SIZES.size], head_crc) != checksum:
-                    problem = f"a record of {length} bytes failing its checksum"
-                    break
-                position = stop
-                yield JournalMark(file_id, position), payload
-    if end is not None and position < end:
-        raise MalformedData(
-            f"{path}: {problem} at offset {position}, before the end of its records at {end} "
-            "(recorded by the next journal file): acknowledged records are damaged"
-        )
-    if problem is not None:
-        log.warning(
-            "%s: %s at offset %d: a torn write at the tail of the last journal file; "
-            "replay stops there and the next start writes a new file",
+        if begin >= bound:
+            scan = Scan(begin, None, ())
+        else:
+            with (
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                memoryview(mapped) as view,
+            ):
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+                scan = yield from scan_records(
+                    view, file_id, begin, bound, end_recorded=end is not None
+                )
+    if end is not None and size < end:
+        cut = Damage(file_id, size, end, f"the file ends at {size}, before its recorded end")
+        scan = Scan(scan.end, None, (*scan.damage, cut))
+    for damage in scan.damage:
+        log.error(
+            "%s: %s at offset %d: no valid record in [%d, %d), where acknowledged records "
+            "were; replay goes on after it",
             path,
-            problem,
-            position,
+            damage.problem,
+            damage.start,
+            damage.start,
+            damage.end,
         )
-    return position
+    if scan.torn is not None:
+        log.warning(
+            "%s: %s at offset %d, and no valid record after it: a torn write at the tail of "
+            "the last journal file; replay stops there and the next start writes a new file",
+            path,
+            scan.torn,
+            scan.end,
+        )
+    return scan
 
 
-def _drain(records: Generator[tuple[JournalMark, bytes], None, int]) -> int:
+def _drain(records: Generator[tuple[JournalMark, bytes], None, Scan]) -> int:
     """Run a file's records through, for where they end."""
     while True:
         try:
             next(records)
         except StopIteration as done:
-            end: int = done.value
-            return end
+            scan: Scan = done.value
+            return scan.end
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:

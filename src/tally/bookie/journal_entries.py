@@ -23,7 +23,7 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-from tally.bookie.journal import JournalMark, file_name
+from tally.bookie.journal_format import JournalMark, file_name
 from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
 from tally.core.errors import EntryUnreadable

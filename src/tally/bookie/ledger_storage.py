@@ -19,6 +19,13 @@ Reads: the write caches first, then the index and the entry log. An entry the in
 but whose bytes cannot be read or fail their CRC32C is `EntryUnreadable`, never
 `NoSuchEntry` (seed 003). `NoSuchLedger` only when nothing is known of the ledger.
 
+Limbo (BookKeeper's BP-46). A ledger whose journal records may have been lost (the bookie
+found its journal damaged at start-up) is in limbo: the bookie cannot tell an entry it never
+received from one it acknowledged and lost, so it answers `LedgerInLimbo` (unknown) where it
+would answer NoSuchEntry, and the ledger is fenced, since a lost record may have been a
+fence. The bookie takes a ledger out of limbo once it holds every entry the ledger's closed
+metadata gives it (server.py); the set is kept in the index, written by the checkpoints.
+
 Threads. The bookie calls everything from its event loop thread except `checkpoint`,
 `delete_ledger` and `forget_entries`, which it runs in one worker thread (they hold
 `_maintenance` for their whole run, so they never overlap). One short lock, `_lock`, guards
@@ -64,6 +71,7 @@ from tally.core.errors import (
     BadRequest,
     EntryUnreadable,
     IllegalOperation,
+    LedgerInLimbo,
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
@@ -234,6 +242,9 @@ class LedgerStorage:
         self._dirty: set[LedgerId] = set()
         """Ledgers whose state changed since the last checkpoint took its snapshot, besides
         the ledgers in the write cache, whose states every checkpoint writes anyway."""
+        self._limbo = self._index.limbo_ledgers()
+        self._limbo_changed = False
+        """Whether `_limbo` changed since the last checkpoint took its snapshot."""
         self._counters = _Counters()
 
     # -- writes (event loop) --------------------------------------------------------
@@ -333,6 +344,35 @@ class LedgerStorage:
                 state.explicit_lac = last_add_confirmed
                 self._dirty.add(ledger_id)
 
+    def enter_limbo(self, ledger_ids: Iterable[LedgerId]) -> None:
+        """Put the ledgers in limbo, fenced (see the module docstring); durable at the next
+        checkpoint, which a start-up that calls this replays to again until then."""
+        with self._lock:
+            for ledger_id in ledger_ids:
+                state = self._touch(ledger_id)
+                if not state.fenced:
+                    state.fenced = True
+                    self._dirty.add(ledger_id)
+                self._limbo.add(ledger_id)
+                self._limbo_changed = True
+
+    def leave_limbo(self, ledger_id: LedgerId) -> None:
+        """The ledger is whole again on this bookie: negatives are true again."""
+        with self._lock:
+            if ledger_id in self._limbo:
+                self._limbo.discard(ledger_id)
+                self._limbo_changed = True
+
+    def limbo_ledgers(self) -> frozenset[LedgerId]:
+        with self._lock:
+            return frozenset(self._limbo)
+
+    def known_ledgers(self) -> set[LedgerId]:
+        """Every ledger the index or the memory has a state for."""
+        with self._lock:
+            in_memory = set(self._states)
+        return in_memory.union(self._index.ledgers())
+
     # -- reads (event loop) ---------------------------------------------------------
 
     def get_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, EntryBytes]:
@@ -364,8 +404,7 @@ class LedgerStorage:
             with self._lock:
                 self._counters.read_errors += 1
             raise
-        if not self._known(ledger_id):
-            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+        self._check_negative(ledger_id, f"entry {entry_id} of ledger {ledger_id}")
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
 
     def _last_entry(self, ledger_id: LedgerId) -> int:
@@ -379,9 +418,22 @@ class LedgerStorage:
         highest = max([*cached, -1 if indexed is None else indexed])
         if highest >= 0:
             return highest
-        if not self._known(ledger_id):
-            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
+        self._check_negative(ledger_id, f"the last entry of ledger {ledger_id}")
         raise NoSuchEntry(f"ledger {ledger_id} has no entries on this bookie")
+
+    def _check_negative(self, ledger_id: LedgerId, what: str) -> None:
+        """Before answering NoSuchEntry: NoSuchLedger if the ledger is unknown, and
+        LedgerInLimbo if this bookie may have lost what was asked for."""
+        with self._lock:
+            known = self._find(ledger_id) is not None
+            in_limbo = ledger_id in self._limbo
+        if in_limbo:
+            raise LedgerInLimbo(
+                f"{what} is not on this bookie, which may have lost it (ledger in limbo after "
+                "journal damage): unknown until the ledger is repaired"
+            )
+        if not known:
+            raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
 
     def ledger_access(self, ledger_id: LedgerId) -> LedgerAccess:
         """Master key and fence, for the admission rules: the add path's one look-up.
@@ -510,6 +562,8 @@ class LedgerStorage:
                 flushing, self._flushing = self._cache, self._cache
                 self._cache = _WriteCache()
                 dirty, self._dirty = self._dirty, set()
+                limbo = frozenset(self._limbo) if self._limbo_changed else None
+                self._limbo_changed = False
             try:
                 batch = self._index.batch()
                 totals = self._append_entries(flushing, batch)
@@ -520,6 +574,8 @@ class LedgerStorage:
                             state = _with_totals(state.copy(), totals[ledger_id])
                         batch.put_state(ledger_id, state)
                     batch.put_journal_mark(journal_mark)
+                    if limbo is not None:
+                        batch.put_limbo_ledgers(limbo)
                     self._index.write(batch)
                     for ledger_id, ledger_totals in totals.items():
                         _with_totals(self._states[ledger_id], ledger_totals)
@@ -530,6 +586,7 @@ class LedgerStorage:
                         flushing.absorb(self._cache)
                         self._cache, self._flushing = flushing, None
                     self._dirty |= dirty
+                    self._limbo_changed |= limbo is not None
                 raise
             self._index.sync()
             elapsed = time.monotonic() - started
@@ -603,6 +660,9 @@ class LedgerStorage:
                     raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
                 batch = self._index.batch()
                 batch.delete_ledger(ledger_id)
+                if ledger_id in self._limbo:
+                    self._limbo.discard(ledger_id)
+                    batch.put_limbo_ledgers(self._limbo)
                 self._index.write(batch)
                 self._cache.drop_ledger(ledger_id)
                 self._states.pop(ledger_id, None)

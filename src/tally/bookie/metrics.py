@@ -59,6 +59,12 @@ class BookieMetrics:
         self.read_only = Gauge(
             "bookie_read_only", "1 while the bookie refuses writes", registry=self.registry
         )
+        self.ledgers_in_limbo = Gauge(
+            "bookie_ledgers_in_limbo",
+            "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "
+            "'unknown' for the entries it lacks until they are repaired",
+            registry=self.registry,
+        )
 
     def watch(
         self,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import struct
 
-from tally.bookie.journal import JournalMark
 from tally.bookie.journal_entries import ENTRY_HEAD, RecordType, kept_location
+from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.admission import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
@@ -53,8 +53,9 @@ def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
     )
 
 
-def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = None) -> None:
-    """Re-apply one journal record to `storage` (at start-up, after the last checkpoint).
+def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = None) -> LedgerId:
+    """Re-apply one journal record to `storage` (at start-up, after the last checkpoint);
+    returns the ledger it is about.
 
     With `kept_at`, the mark of the record's end, an entry of at least KEPT_ENTRY_SIZE
     bytes is left where the journal holds it (`LedgerStorage.keep_in_journal`).
@@ -69,20 +70,24 @@ def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = N
     try:
         if kind == RecordType.ENTRY:
             _, scope, ledger, entry_id, lac, crc = ENTRY_HEAD.unpack_from(record)
+            ledger_id = LedgerId(scope, ledger)
             data = memoryview(record)[ENTRY_HEAD.size :]
-            storage.add_entry(LedgerId(scope, ledger), entry_id, crc, data, lac)
+            storage.add_entry(ledger_id, entry_id, crc, data, lac)
             location = kept_location(kept_at, len(data), crc) if kept_at else None
             if location is not None:
-                storage.keep_in_journal(LedgerId(scope, ledger), entry_id, location)
+                storage.keep_in_journal(ledger_id, entry_id, location)
         elif kind == RecordType.MASTER_KEY:
             _, scope, ledger, key = _MASTER_KEY.unpack(record)
-            storage.set_master_key(LedgerId(scope, ledger), key)
+            ledger_id = LedgerId(scope, ledger)
+            storage.set_master_key(ledger_id, key)
         elif kind == RecordType.FENCE:
             _, scope, ledger = _LEDGER.unpack(record)
-            storage.set_fenced(LedgerId(scope, ledger))
+            ledger_id = LedgerId(scope, ledger)
+            storage.set_fenced(ledger_id)
         elif kind == RecordType.EXPLICIT_LAC:
             _, scope, ledger, lac = _EXPLICIT_LAC.unpack(record)
-            storage.set_explicit_lac(LedgerId(scope, ledger), lac)
+            ledger_id = LedgerId(scope, ledger)
+            storage.set_explicit_lac(ledger_id, lac)
         else:
             raise MalformedData(f"journal record of unknown type {kind}")
     except struct.error as error:
@@ -95,3 +100,4 @@ def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = N
         raise MalformedData(
             f"journal record of type {kind} ({len(record)} bytes) does not apply: {error}"
         ) from None
+    return ledger_id

@@ -33,9 +33,11 @@ import tally
 from tally.bookie import records
 from tally.bookie.config import BookieConfig
 from tally.bookie.cookie_check import verify_or_format
-from tally.bookie.journal import Journal, JournalMark
+from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries, kept_location
+from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.limbo import LimboWatch, describe, ledgers_to_limbo
 from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write_lac
@@ -194,9 +196,17 @@ class Bookie:
             await self._registry.set_placement(self.bookie_id, _placement(config.rack))
         await self._register()
         self._store.on_session_lost(self._session_lost)
+        limbo = LimboWatch(
+            self.storage,
+            self._store,
+            self.bookie_id,
+            config.limbo_check_interval,
+            self.metrics.ledgers_in_limbo.set,
+        )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
             asyncio.create_task(self._disk_loop(), name="disk-check"),
+            asyncio.create_task(limbo.run(), name="limbo"),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",
@@ -214,13 +224,32 @@ class Bookie:
         the cache). The journal keeps its files meanwhile, since only a checkpoint lets them
         go, and the first one's mark, in the journal file that `start` writes next, comes
         after every replayed record. A crash before it replays the same records again.
+
+        Damage in the journal puts the ledgers that may have lost records in limbo
+        (limbo.py) before the bookie serves anything.
         """
         mark_bytes = self.storage.last_checkpoint_mark()
         start = JournalMark.from_bytes(mark_bytes) if mark_bytes else None
         count = 0
+        ledgers_by_file: dict[int, set[LedgerId]] = {}
         for mark, record in self.journal.replay(start):
-            records.apply(record, self.storage, mark if self._keeps_entries else None)
+            ledger_id = records.apply(record, self.storage, mark if self._keeps_entries else None)
+            ledgers_by_file.setdefault(mark.file_id, set()).add(ledger_id)
             count += 1
+        damage = self.journal.damage
+        if damage:
+            limbo = ledgers_to_limbo(damage, ledgers_by_file, self.storage.known_ledgers)
+            self.storage.enter_limbo(limbo)
+            log.error(
+                "bookie %s: its journal is damaged (%s): %d ledger(s) that may have lost "
+                "acknowledged entries are in limbo, fenced and answering 'unknown' for what "
+                "they lack until repaired: %s",
+                self.bookie_id,
+                "; ".join(f"file {d.file_id:016x} [{d.start}, {d.end})" for d in damage),
+                len(limbo),
+                describe(limbo),
+            )
+        self.metrics.ledgers_in_limbo.set(len(self.storage.limbo_ledgers()))
         return count
 
     async def wait_stopped(self) -> None:

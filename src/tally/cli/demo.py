@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from tally.core.answers import Answer
 from tally.core.availability import EntryAvailability, SequenceGroup
 from tally.core.digest import DigestType, mac_key
 from tally.core.durability import check_ledger
@@ -24,7 +25,6 @@ from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
 from tally.core.quorum import (
     RecoveryRead,
-    Response,
     coverage_threshold,
 )
 from tally.core.schedule import expected_entries
@@ -180,7 +180,7 @@ def _show_recovery_rules(console: Console) -> None:
         table.add_row(str(wq), str(aq), str(coverage_threshold(wq, aq)))
     console.print(table)
     read = RecoveryRead(entry_id=7, ensemble_size=3, write_quorum=3, ack_quorum=2)
-    steps = [(0, Response.NEGATIVE), (1, Response.UNKNOWN), (2, Response.NEGATIVE)]
+    steps = [(0, Answer.NEGATIVE), (1, Answer.UNKNOWN), (2, Answer.NEGATIVE)]
     trail = []
     for position, response in steps:
         decision = read.record(position, response)
@@ -189,7 +189,7 @@ def _show_recovery_rules(console: Console) -> None:
     timeout_only = RecoveryRead(entry_id=8, ensemble_size=3, write_quorum=3, ack_quorum=2)
     for position in range(3):
         decision = timeout_only.record(
-            position, Response.NEGATIVE if position == 0 else Response.UNKNOWN
+            position, Answer.NEGATIVE if position == 0 else Answer.UNKNOWN
         )
     console.print(
         f"Entry 8, one negative and two timeouts → [bold]{decision.value}[/]: timeouts are "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from tally.client.context import ClientContext
+from tally.core.answers import Answer
 from tally.core.digest import LedgerKeys
 from tally.core.entry_format import Entry, decode_entry
 from tally.core.errors import (
@@ -25,7 +26,6 @@ from tally.core.errors import (
     BadRequest,
     EntryUnreadable,
     NoSuchEntry,
-    NoSuchLedger,
     TallyError,
     Timeout,
 )
@@ -154,8 +154,8 @@ def _worst(
     errors: list[TallyError], ledger_id: LedgerId, entry_id: int, bookies: list[str]
 ) -> TallyError:
     """What the caller sees when no replica served the entry: NoSuchEntry only when every
-    replica said so; otherwise the first error that is not an absence."""
-    others = [e for e in errors if not isinstance(e, NoSuchEntry | NoSuchLedger)]
+    replica said so; otherwise the first error that is not an absence (core.answers)."""
+    others = [e for e in errors if Answer.of(e) is not Answer.NEGATIVE]
     if others:
         return others[0]
     return NoSuchEntry(f"ledger {ledger_id} entry {entry_id} is on none of {bookies}")

@@ -20,6 +20,7 @@ import logging
 
 from tally.client.context import ClientContext
 from tally.client.reader import EntryFetcher, FetchedEntry
+from tally.core.answers import Answer
 from tally.core.digest import LedgerKeys
 from tally.core.errors import (
     LedgerRecoveryFailed,
@@ -31,7 +32,6 @@ from tally.core.quorum import (
     FencingTracker,
     RecoveryRead,
     RecoveryReadDecision,
-    Response,
 )
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
@@ -94,12 +94,12 @@ async def _fence(fetcher: EntryFetcher, metadata: LedgerMetadata) -> int:
     ensemble = metadata.segments[-1].ensemble
     tracker = FencingTracker(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum)
 
-    async def fence(position: int) -> tuple[int, Response, int | None]:
+    async def fence(position: int) -> tuple[int, Answer, int | None]:
         try:
             fetched = await fetcher.read_from(metadata, ensemble[position], -1, fencing=True)
         except (TallyError, TimeoutError) as error:
-            return position, Response.of(error), None
-        return position, Response.POSITIVE, fetched.entry.last_add_confirmed
+            return position, Answer.of(error), None
+        return position, Answer.POSITIVE, fetched.entry.last_add_confirmed
 
     tasks = [asyncio.create_task(fence(p)) for p in range(len(ensemble))]
     try:
@@ -185,7 +185,7 @@ async def _recovery_read(
     try:
         for next_done in asyncio.as_completed(tasks):
             position, fetched, error = await next_done
-            decision = verdict.record(position, Response.of(error))
+            decision = verdict.record(position, Answer.of(error))
             if decision is RecoveryReadDecision.RECOVERABLE:
                 return decision, fetched
             if decision is not RecoveryReadDecision.WAIT:

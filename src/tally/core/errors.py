@@ -117,6 +117,13 @@ class EntryUnreadable(TallyError):
     code = 24
 
 
+class LedgerInLimbo(TallyError):
+    """The bookie may have lost entries of this ledger (its journal was damaged) and cannot
+    say whether it held this one: unknown, never `NoSuchEntry`, until it is repaired."""
+
+    code = 25
+
+
 class LedgerFenced(TallyError):
     """The ledger was fenced by a recovering client; normal adds are refused."""
 

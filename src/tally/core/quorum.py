@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tally.core.errors import BadRequest, NoSuchEntry, NoSuchLedger
+from tally.core.answers import Answer
+from tally.core.errors import BadRequest
 from tally.core.schedule import check_quorums, stores_entry, write_set
 
 
@@ -36,38 +37,6 @@ def coverage_threshold(cohort_size: int, ack_quorum: int) -> int:
     return cohort_size - ack_quorum + 1
 
 
-class Response(Enum):
-    """What one bookie's answer proves: about an entry, or (when fencing) about the ledger.
-
-    Only an explicit "I do not have it" is negative. Everything else that is not a verified
-    copy is unknown: counting a timeout, an overloaded bookie or an unreadable copy as a
-    negative is how ledgers get truncated.
-    """
-
-    POSITIVE = "positive"
-    """The bookie answered with data whose digest the caller verified."""
-    NEGATIVE = "negative"
-    """The bookie answered NoSuchEntry or NoSuchLedger."""
-    UNKNOWN = "unknown"
-    """Any other outcome: no answer, a timeout, or an error that says nothing of absence."""
-
-    @classmethod
-    def of(cls, error: BaseException | None) -> Response:
-        """Classify the outcome of one read; `None` means data that passed its digest check.
-
-        Deliberately unknown, not negative: `BadDigest` and `EntryUnreadable` (the bookie
-        holds *something* for the entry, so it was written, but this copy is useless);
-        `LedgerFenced` (recovery reads carry the fence flag, so a refusal says nothing about
-        the entry); `Timeout`, `BookieUnavailable`, `TooManyRequests`, `Unauthorized` and
-        any exception that is not a tally error.
-        """
-        if error is None:
-            return cls.POSITIVE
-        if isinstance(error, NoSuchEntry | NoSuchLedger):
-            return cls.NEGATIVE
-        return cls.UNKNOWN
-
-
 class RecoveryReadDecision(Enum):
     """Recovery's verdict on one entry beyond the highest known LAC."""
 
@@ -82,7 +51,7 @@ class RecoveryReadDecision(Enum):
 
 
 def decide_recovery_read(
-    write_quorum: int, ack_quorum: int, responses: Mapping[int, Response]
+    write_quorum: int, ack_quorum: int, responses: Mapping[int, Answer]
 ) -> RecoveryReadDecision:
     """Decide one entry from the answers of its write set so far (keyed by ensemble position).
 
@@ -100,9 +69,9 @@ def decide_recovery_read(
             f"(positions {sorted(responses)})"
         )
     answers = list(responses.values())
-    if Response.POSITIVE in answers:
+    if Answer.POSITIVE in answers:
         return RecoveryReadDecision.RECOVERABLE
-    if answers.count(Response.NEGATIVE) >= needed:
+    if answers.count(Answer.NEGATIVE) >= needed:
         return RecoveryReadDecision.UNRECOVERABLE
     if len(answers) == write_quorum:
         return RecoveryReadDecision.ABORT
@@ -123,14 +92,14 @@ class RecoveryRead:
         self.entry_id = entry_id
         self.write_set = write_set(entry_id, ensemble_size, write_quorum)
         self._ack_quorum = ack_quorum
-        self._responses: dict[int, Response] = {}
+        self._responses: dict[int, Answer] = {}
         self._decision = RecoveryReadDecision.WAIT
 
     @property
     def decision(self) -> RecoveryReadDecision:
         return self._decision
 
-    def record(self, position: int, response: Response) -> RecoveryReadDecision:
+    def record(self, position: int, response: Answer) -> RecoveryReadDecision:
         """Take one bookie's answer and return the verdict so far."""
         if position not in self.write_set:
             raise BadRequest(
@@ -180,16 +149,16 @@ class FencingTracker:
             for first in range(ensemble_size)
         }
         self._needed = coverage_threshold(write_quorum, ack_quorum)
-        self._responses: dict[int, Response] = {}
+        self._responses: dict[int, Answer] = {}
         self._max_lac = -1
 
-    def record(self, position: int, response: Response, lac: int | None = None) -> None:
+    def record(self, position: int, response: Answer, lac: int | None = None) -> None:
         """Take one bookie's answer; a positive one carries that bookie's LAC (-1: none)."""
         if not 0 <= position < self.ensemble_size:
             raise BadRequest(f"position {position} is outside the ensemble of {self.ensemble_size}")
         if position in self._responses:
             raise BadRequest(f"position {position} already answered the fencing read")
-        if response is Response.POSITIVE:
+        if response is Answer.POSITIVE:
             if lac is None or lac < -1:
                 raise BadRequest(f"a positive fencing answer needs a LAC >= -1, got {lac}")
             self._max_lac = max(self._max_lac, lac)
@@ -200,7 +169,7 @@ class FencingTracker:
     @property
     def fenced(self) -> frozenset[int]:
         """Positions known to be fenced."""
-        return frozenset(p for p, r in self._responses.items() if r is not Response.UNKNOWN)
+        return frozenset(p for p, r in self._responses.items() if r is not Answer.UNKNOWN)
 
     @property
     def is_complete(self) -> bool:
@@ -210,7 +179,7 @@ class FencingTracker:
     @property
     def can_still_complete(self) -> bool:
         """False once unknown answers alone leave some write set AQ bookies unfenced."""
-        unknown = {p for p, r in self._responses.items() if r is Response.UNKNOWN}
+        unknown = {p for p, r in self._responses.items() if r is Answer.UNKNOWN}
         return self._covers(frozenset(range(self.ensemble_size)) - unknown)
 
     @property

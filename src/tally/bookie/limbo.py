@@ -1,0 +1,121 @@
+"""The ledgers in limbo on one bookie: which enter at start-up, and the watch that lets them out.
+
+A journal replay that finds damage (a stretch of acknowledged records that no longer reads)
+cannot know which records it lost. Every ledger with a record in a damaged file after the
+last checkpoint may have lost one, so each goes into limbo (ledger_storage.py), fenced and
+answering "unknown" for what it lacks. If no intact record of a damaged file names any
+ledger, nothing narrows it down, and every ledger the bookie knows goes into limbo.
+
+The watch then looks at each ledger in limbo every `limbo_check_interval` seconds and lets
+`tally.core.limbo` judge it against its metadata: a closed ledger whose entries this bookie
+all holds leaves limbo; one that lacks entries is marked under-replicated, naming this
+bookie, so that a replication worker copies them back (FILL); an open one waits for its
+close. A ledger whose metadata is gone stays in limbo: absence proves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from tally.bookie.journal_format import Damage
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.core.errors import NoSuchLedger, TallyError
+from tally.core.ids import LedgerId
+from tally.core.limbo import LimboVerdict, check_limbo
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.store import MetadataStore
+from tally.metadata.underreplication import UnderReplicationManager
+
+log = logging.getLogger(__name__)
+
+SHOWN_LEDGERS = 20
+"""Ledgers named one by one in the start-up log line."""
+
+
+def ledgers_to_limbo(
+    damage: Collection[Damage],
+    ledgers_by_file: Mapping[int, Collection[LedgerId]],
+    known_ledgers: Callable[[], Iterable[LedgerId]],
+) -> set[LedgerId]:
+    """The ledgers that a replay with `damage` may have lost records of (see the module
+    docstring); `ledgers_by_file` names the ledgers of the records replayed from each file."""
+    limbo: set[LedgerId] = set()
+    for file_id in {d.file_id for d in damage}:
+        named = ledgers_by_file.get(file_id, ())
+        if not named:
+            return set(known_ledgers())
+        limbo.update(named)
+    return limbo
+
+
+def describe(ledger_ids: Collection[LedgerId]) -> str:
+    names = [ledger_id.qualified_name for ledger_id in sorted(ledger_ids)]
+    shown = ", ".join(names[:SHOWN_LEDGERS])
+    return shown + (f" and {len(names) - SHOWN_LEDGERS} more" if len(names) > SHOWN_LEDGERS else "")
+
+
+class LimboWatch:
+    """Marks the ledgers in limbo for repair and lets out the whole ones; `run` until cancelled."""
+
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        store: MetadataStore,
+        bookie_id: str,
+        interval: float,
+        on_change: Callable[[int], object] = lambda count: None,
+    ) -> None:
+        self._storage = storage
+        self._ledgers = LedgerManager(store)
+        self._marks = UnderReplicationManager(store)
+        self._bookie_id = bookie_id
+        self._interval = interval
+        self._on_change = on_change
+
+    async def run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self._interval)
+
+    async def check_all(self) -> None:
+        """One look at every ledger in limbo; a metadata error leaves a ledger for next time."""
+        for ledger_id in sorted(self._storage.limbo_ledgers()):
+            try:
+                await self._check(ledger_id)
+            except TallyError as error:
+                log.warning(
+                    "bookie %s: ledger %s in limbo: cannot check it now: %s",
+                    self._bookie_id,
+                    ledger_id.qualified_name,
+                    error,
+                )
+        self._on_change(len(self._storage.limbo_ledgers()))
+
+    async def _check(self, ledger_id: LedgerId) -> None:
+        try:
+            record = await self._ledgers.read_ledger_metadata(ledger_id)
+        except NoSuchLedger:
+            return
+        held = await asyncio.to_thread(self._storage.availability, ledger_id)
+        check = check_limbo(record.metadata, self._bookie_id, held)
+        if check.verdict is LimboVerdict.WHOLE:
+            self._storage.leave_limbo(ledger_id)
+            log.info(
+                "bookie %s: ledger %s leaves limbo: it holds every entry its closed metadata "
+                "gives this bookie",
+                self._bookie_id,
+                ledger_id.qualified_name,
+            )
+        elif check.verdict is LimboVerdict.MISSING:
+            mark = await self._marks.under_replicated(ledger_id)
+            if mark is None or self._bookie_id not in mark.missing_bookies:
+                await self._marks.mark_under_replicated(ledger_id, {self._bookie_id})
+                log.warning(
+                    "bookie %s: ledger %s in limbo lacks %d entries here: marked "
+                    "under-replicated for their repair",
+                    self._bookie_id,
+                    ledger_id.qualified_name,
+                    len(check.missing),
+                )
