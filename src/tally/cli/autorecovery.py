@@ -61,6 +61,11 @@ def run(
 async def _serve(settings: AutoRecoveryConfig, name: str) -> None:
     from tally.autorecovery.process import AutoRecoveryProcess  # the client stack, when run
 
+    if settings.http_port is not None:
+        # Before the metadata session starts: on a loaded machine, importing FastAPI inside
+        # it stalled the event loop past a short session timeout.
+        import tally.http.admin  # noqa: F401
+
     replicas_check = None
     if settings.auditor_replicas_check_mode == "spark":
         from tally.audit.in_cluster import SparkReplicasCheck  # Spark, only when asked for

@@ -59,6 +59,10 @@ def run(
 
 
 async def _serve(settings: BookieConfig) -> None:
+    if settings.metrics_port is not None:
+        # Before the metadata session starts: on a loaded machine, importing FastAPI inside
+        # it stalled the event loop past a short session timeout.
+        import tally.http.admin  # noqa: F401
     bookie = Bookie(settings, admin_http=admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
