@@ -13,13 +13,15 @@ test:
 	$$uv run --frozen ruff check src tests bench && \
 	$$uv run --frozen ruff format --check src tests bench && \
 	$$uv run --frozen mypy && \
+	$$uv run --frozen lint-imports --no-logo --no-cache && \
 	$$uv run --frozen pytest -q
 
 lint:
 	@uv=$$(scripts/bootstrap.sh) && \
 	$$uv run --frozen ruff check src tests bench && \
 	$$uv run --frozen ruff format --check src tests bench && \
-	$$uv run --frozen mypy
+	$$uv run --frozen mypy && \
+	$$uv run --frozen lint-imports --no-logo --no-cache
 
 bench:
 	$(UV) run --frozen tally bench

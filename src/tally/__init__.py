@@ -8,13 +8,12 @@ with tally.SyncClient("sqlite:///path/meta.db") as client: ...
 from typing import TYPE_CHECKING
 
 from tally.core.ids import LedgerId
+from tally.version import __version__
 
 if TYPE_CHECKING:
     from tally.client.client import Client
     from tally.client.config import ClientConfig
     from tally.client.sync import SyncClient
-
-__version__ = "0.1.0"
 
 __all__ = ["Client", "ClientConfig", "LedgerId", "SyncClient", "__version__"]
 

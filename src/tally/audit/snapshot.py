@@ -27,7 +27,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tally import __version__
 from tally.audit import schema
 from tally.client.bookie_pool import BookiePool
 from tally.core.errors import BadRequest, TallyError
@@ -42,6 +41,7 @@ from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.store import open_store
 from tally.metadata.underreplication import UnderReplicationManager
+from tally.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from tally import __version__
 from tally.audit import schema
 from tally.audit.snapshot import DatasetWriter, prepare_output, write_json
 from tally.core.availability import GROUP_SIZE, HEADER_SIZE, EntryAvailability
@@ -43,6 +42,7 @@ from tally.core.ledger_audit import Category, audit_ledger
 from tally.core.metadata import MASTER_KEY_SIZE, LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
 from tally.core.schedule import expected_entries, write_set
+from tally.version import __version__
 
 Progress = Callable[[str, int, int | None], None]
 Int64s = npt.NDArray[np.int64]

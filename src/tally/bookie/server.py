@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 
-import tally
 from tally.bookie import records
 from tally.bookie.config import BookieConfig
 from tally.bookie.cookie_check import verify_or_format
@@ -55,6 +54,7 @@ from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRe
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
 from tally.metadata.store import MetadataStore, open_store
+from tally.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class Bookie:
         info = BookieInfo(
             address=self.address,
             http_port=self.metrics_port,
-            version=tally.__version__,
+            version=__version__,
             start_time_ms=int(time.time() * 1000),
         )
         await self._registry.register(self.bookie_id, info, read_only=mode is BookieMode.READ_ONLY)

@@ -33,7 +33,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
-import tally
 from tally.bookie.config import BookieConfig
 from tally.core.disk_usage import DiskState
 from tally.core.errors import (
@@ -57,6 +56,7 @@ from tally.metadata.views import (
     lost_entries_view,
     under_replicated_view,
 )
+from tally.version import __version__
 
 MAX_PAGE_SIZE = 10_000
 SHUTDOWN_GRACE = 2
@@ -147,7 +147,7 @@ def create_app(
     under_replication = UnderReplicationManager(store)
     app = FastAPI(
         title="tally admin",
-        version=tally.__version__,
+        version=__version__,
         description="Health, metrics and read-only views of a tally cluster.",
         docs_url=None,
         redoc_url=None,
@@ -196,7 +196,7 @@ def create_app(
             "address": bookie.address,
             "state": bookie.disk.mode.value,
             "state_reason": bookie.disk.reason,
-            "version": tally.__version__,
+            "version": __version__,
             "journal_directory": str(config.journal_directory),
             "ledger_directory": str(config.ledger_directory),
             "total_space": usage.total,
