@@ -1,4 +1,5 @@
-"""A bookie's admission rules: master keys fixed by the first writer, one-way fencing."""
+"""A bookie's admission rules: master keys fixed by the first writer, one-way fencing, and
+which writes a read-only bookie still takes."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from tally.core.admission import (
     LedgerAccess,
     admit_add,
     admit_fencing_read,
+    admit_write,
     admit_write_lac,
 )
 from tally.core.digest import master_key
-from tally.core.errors import BadRequest, LedgerFenced, Unauthorized
+from tally.core.disk_usage import DiskState
+from tally.core.errors import BadRequest, LedgerFenced, Unauthorized, WriteOnReadOnlyBookie
 from tally.core.ids import LedgerId
 
 LEDGER = LedgerId(0, 7)
@@ -65,3 +68,23 @@ def test_explicit_lac_passes_a_fence() -> None:
 def test_master_keys_have_one_size() -> None:
     with pytest.raises(BadRequest, match="5 bytes"):
         admit_add(LEDGER, LedgerAccess(), b"short", recovery=False)
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+def test_a_writable_bookie_takes_every_write(recovery: bool) -> None:
+    admit_write(DiskState(), "b1", recovery=recovery)
+
+
+def test_a_full_disk_refuses_normal_writes_but_lets_recovery_through() -> None:
+    full = DiskState().with_usage(0.99)
+    with pytest.raises(WriteOnReadOnlyBookie, match="b1 is read-only: disk usage"):
+        admit_write(full, "b1", recovery=False)
+    admit_write(full, "b1", recovery=True)
+
+
+@pytest.mark.parametrize("usage", [0.0, 0.99])
+def test_after_an_io_error_nothing_is_written(usage: float) -> None:
+    failed = DiskState().with_usage(usage).with_io_error("EIO on the journal")
+    for recovery in (False, True):
+        with pytest.raises(WriteOnReadOnlyBookie, match="I/O error: EIO on the journal"):
+            admit_write(failed, "b1", recovery=recovery)

@@ -41,7 +41,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from tally.audit import schema
 from tally.audit.report import write_report
 from tally.core.availability import EntryAvailability
-from tally.core.digest import DigestType
+from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import (
@@ -52,7 +52,7 @@ from tally.core.ledger_audit import (
     clean_ledgers,
     potentially_faulty,
 )
-from tally.core.metadata import MASTER_KEY_SIZE, LedgerMetadata, LedgerState, Segment
+from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import DEFAULT_RACK
 
 PART_LEDGER, PART_AVAILABILITY = -1, 2**31 - 1

@@ -36,10 +36,10 @@ import pyarrow as pa
 from tally.audit import schema
 from tally.audit.snapshot import DatasetWriter, prepare_output, write_json
 from tally.core.availability import GROUP_SIZE, HEADER_SIZE, EntryAvailability
-from tally.core.digest import DigestType
+from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category, audit_ledger
-from tally.core.metadata import MASTER_KEY_SIZE, LedgerMetadata, LedgerState, Segment
+from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
 from tally.core.schedule import expected_entries, write_set
 from tally.version import __version__

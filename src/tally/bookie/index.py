@@ -38,6 +38,7 @@ import rocksdict
 
 from tally.bookie.entry_log import Location
 from tally.bookie.journal_entries import JournalLocation
+from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import (
     BadRequest,
     EntryUnreadable,
@@ -58,7 +59,6 @@ _STATE = struct.Struct(">BB32sqqqQQ")
 _STATE_VERSION = 1
 _FENCED = 0x01
 _HAS_MASTER_KEY = 0x02
-MASTER_KEY_SIZE = 32
 _LEDGERS = "ledgers"
 _META = "meta"
 _JOURNAL_MARK = b"journal_mark"

@@ -61,10 +61,11 @@ from tally.bookie.entry_log import (
     EntryLog,
     Location,
 )
-from tally.bookie.index import MASTER_KEY_SIZE, Index, IndexBatch, Int64Array, LedgerState
+from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerState
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
+from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.digest import crc32c as compute_crc32c
 from tally.core.errors import (
     BadDigest,

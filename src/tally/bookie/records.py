@@ -14,7 +14,7 @@ import struct
 from tally.bookie.journal_entries import ENTRY_HEAD, RecordType, kept_location
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
-from tally.core.admission import MASTER_KEY_SIZE
+from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
 

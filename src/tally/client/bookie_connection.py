@@ -28,6 +28,7 @@ from ssl import SSLContext
 from typing import Any, Final, TypeAlias
 
 from tally.core import protocol
+from tally.core.addresses import split_host_port
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, BookieUnavailable, MalformedData, TallyError, Timeout
 from tally.core.ids import LedgerId
@@ -128,7 +129,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         `server_hostname` is the name the bookie's certificate must carry, when it is not
         the host of `address`. `max_frame_size` bounds the frames sent and received.
         """
-        host, port = _host_and_port(address)
+        host, port = split_host_port(address)
         if server_hostname is not None and ssl is None:
             raise BadRequest(f"bookie {address}: server_hostname {server_hostname!r} needs ssl")
         for name, seconds in (
@@ -469,15 +470,3 @@ def _mismatch(response: Response, request: Request) -> str:
         f"{response.operation.name} response {response.request_id} (ledger "
         f"{response.ledger_id}, entry {response.entry_id}) does not answer {_describe(request)}"
     )
-
-
-def _host_and_port(address: str) -> tuple[str, int]:
-    """Split "host:port" (or "[v6 address]:port")."""
-    if not isinstance(address, str):
-        raise BadRequest(f"a bookie address is a str (host:port), not {type(address).__name__}")
-    host, _, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host or not port.isdecimal() or not 0 < int(port) < 65536:
-        raise BadRequest(f"bookie address {address!r} is not host:port with a port in 1..65535")
-    return host, int(port)

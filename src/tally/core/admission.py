@@ -6,7 +6,8 @@ write nor fence. Fencing is one-way: after it, only recovery adds are accepted, 
 what stops an old writer once a recovering client has fenced enough bookies.
 
 The bookie keeps `LedgerAccess` per ledger and asks these functions before it journals;
-what they return says which durable records the request needs first.
+what they return says which durable records the request needs first. `admit_write` says
+which writes a read-only bookie still takes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from tally.core.errors import BadRequest, LedgerFenced, Unauthorized
+from tally.core.digest import MASTER_KEY_SIZE
+from tally.core.disk_usage import DiskState
+from tally.core.errors import BadRequest, LedgerFenced, Unauthorized, WriteOnReadOnlyBookie
 from tally.core.ids import LedgerId
-
-MASTER_KEY_SIZE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,17 @@ class Admission:
     """First key this bookie sees for the ledger: journal it with the entry."""
     record_fence: bool
     """A fencing read on a ledger not yet fenced here: journal the fence before replying."""
+
+
+def admit_write(disk: DiskState, bookie_id: str, *, recovery: bool) -> None:
+    """Refuse a write (an add, or the fence of a fencing read) on a read-only bookie, but
+    let recovery's through while the journal still works: closing other writers' ledgers
+    must not stall on a full disk. After an I/O error the bookie writes nothing."""
+    if not disk.disk_full and disk.io_error is None:
+        return
+    if recovery and disk.io_error is None:
+        return
+    raise WriteOnReadOnlyBookie(f"bookie {bookie_id} is read-only: {disk.reason}")
 
 
 def admit_add(

@@ -49,6 +49,9 @@ class DigestType(enum.IntEnum):
         raise BadRequest(f"unknown digest type {value!r}; expected one of {names}")
 
 
+MASTER_KEY_SIZE = 32
+"""Bytes of a ledger's master key (a SHA-256): what bookies check adds and fences against."""
+
 _SIZES = {DigestType.CRC32: 8, DigestType.HMAC: 32, DigestType.CRC32C: 4, DigestType.DUMMY: 0}
 
 

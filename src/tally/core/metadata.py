@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from tally.core.digest import DigestType, crc32c, master_key
+from tally.core.digest import MASTER_KEY_SIZE, DigestType, crc32c, master_key
 from tally.core.errors import (
     BadRequest,
     InvalidMetadataTransition,
@@ -60,7 +60,6 @@ MAX_BOOKIE_ID_BYTES = 0xFF
 MAX_CREATOR_TOKEN_BYTES = 0xFF
 MAX_CUSTOM_KEY_BYTES = 0xFFFF
 MAX_CUSTOM_VALUE_BYTES = 0xFFFF_FFFF
-MASTER_KEY_SIZE = 32
 
 _PREFIX = struct.Struct(">4sH")
 _HEADER_V1 = struct.Struct(">II")

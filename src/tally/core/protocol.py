@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Final, Generic, NamedTuple, TypeAlias, TypeVar
 
 from tally.core.availability import EntryAvailability
-from tally.core.digest import crc32c
+from tally.core.digest import MASTER_KEY_SIZE, crc32c
 from tally.core.entry_format import peek_header
 from tally.core.errors import BadDigest, BadRequest, MalformedData, TallyError, from_code
 from tally.core.ids import LedgerId
@@ -65,7 +65,6 @@ EntryBytes: TypeAlias = bytes | memoryview
 KEEP_IN_PLACE), which nobody writes to again while the view lives."""
 MAX_FRAME_SIZE: Final = 5 * 1024 * 1024
 """Default largest frame, counted after the length prefix (BookKeeper's default)."""
-MASTER_KEY_SIZE: Final = 32
 
 _LENGTH = struct.Struct(">I")
 _REQUEST = struct.Struct(">IBBHQQQq")  # length prefix, then the request header
