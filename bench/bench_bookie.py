@@ -69,7 +69,7 @@ from tally.core.digest import DigestType, master_key
 from tally.core.entry_format import encode_entry
 from tally.core.ids import LedgerId
 from tally.metadata.cluster import init_cluster
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SMALL, LARGE = 100, 64 * KIB

@@ -34,9 +34,9 @@ from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
 from tally.metadata import Create, MetadataStore, open_store
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import LEDGER_METADATA
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.ledger_tree import walk
+from tally.metadata.paths import LEDGER_METADATA
 from tally.metadata.store import parent_of
 from tally.metadata.zk_server import ZooKeeperServer
 

@@ -30,7 +30,7 @@ from tally.core.protocol import (
 from tally.core.schedule import expected_entries
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import read_cluster
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
 from tests.support.processes import free_port

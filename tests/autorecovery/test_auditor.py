@@ -34,7 +34,8 @@ from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerManager
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import AuditorCheck, UnderReplicationManager
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
 

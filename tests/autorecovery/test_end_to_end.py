@@ -23,8 +23,8 @@ from tally.client.client import Client
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
 from tally.metadata.auditor_election import who_is_auditor
-from tally.metadata.layout import LOCKS
 from tally.metadata.ledger_manager import LedgerRecord
+from tally.metadata.paths import LOCKS
 from tests.support.cluster import SESSION_TIMEOUT, Cluster, replica_copies, running_cluster
 from tests.support.processes import AutoRecoveryProcess, tally
 

@@ -14,7 +14,7 @@ from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.process import AutoRecoveryProcess
 from tally.cli.autorecovery import admin_http
 from tally.metadata.auditor_election import who_is_auditor
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tests.support.processes import init_cluster
 
 

@@ -22,8 +22,8 @@ from tally.core.availability import EntryAvailability
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category
 from tally.core.schedule import write_set
-from tally.metadata.layout import READONLY, WRITABLE
 from tally.metadata.ledger_manager import LedgerRecord
+from tally.metadata.paths import READONLY, WRITABLE
 from tally.metadata.store import MetadataStore
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
 from tests.support.processes import BookieProcess, environment, init_cluster

@@ -31,7 +31,7 @@ from tally.core.metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerRecord
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tests.support.cluster import Cluster, eventually_writable, replica_copies, running_cluster
 
 PASSWORD = b"worker-test"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tally.bookie import records
+from tally.bookie import journal_records
 from tally.bookie.journal import Journal, journal_files
 from tally.bookie.journal_entries import (
     ENTRY_HEAD,
@@ -48,7 +48,7 @@ async def journaled(directory: Path, entries: list[bytes]) -> list[JournalMark]:
     await journal.start()
     marks: list[asyncio.Future[JournalMark]] = []
     for entry_id, data in enumerate(entries):
-        head = records.entry_record_head(LEDGER, entry_id, entry_id - 1, crc32c(data))
+        head = journal_records.entry_record_head(LEDGER, entry_id, entry_id - 1, crc32c(data))
         marks.append(journal.append_nowait(head + data))
     done = list(await asyncio.gather(*marks))
     await journal.close()

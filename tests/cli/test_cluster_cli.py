@@ -13,7 +13,7 @@ import pytest
 from tally.core.errors import ClusterNotInitialised
 from tally.metadata import open_store
 from tally.metadata.cluster import read_cluster, require_cluster
-from tally.metadata.layout import ROOTS
+from tally.metadata.paths import ROOTS
 from tally.metadata.zk_server import free_port
 
 

@@ -30,10 +30,11 @@ from tally.http.admin import LocalAutoRecovery, LocalBookie, create_app, serve
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import BookieInfo, BookieRegistry
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import LEDGER_METADATA
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.ledger_tree import create_with_parents
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.paths import LEDGER_METADATA
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 
 ENDPOINTS = {

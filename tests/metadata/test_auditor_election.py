@@ -11,7 +11,7 @@ import pytest
 from tally.core.errors import BadRequest
 from tally.metadata.auditor_election import AuditorElection, who_is_auditor
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import AUDITOR
+from tally.metadata.paths import AUDITOR
 from tally.metadata.store import MetadataStore
 from tests.metadata.conftest import Backend
 

@@ -16,7 +16,7 @@ from tally.metadata.bookie_registry import (
     BookieRegistry,
 )
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import rack_path, writable_path
+from tally.metadata.paths import rack_path, writable_path
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import Collected
 

@@ -19,8 +19,8 @@ from tally.metadata.cluster import (
     require_cluster,
 )
 from tally.metadata.cookies import Cookie, CookieManager
-from tally.metadata.layout import CLUSTER, LEDGERS, ROOTS
 from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.paths import CLUSTER, LEDGERS, ROOTS
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import sample_metadata

@@ -16,7 +16,7 @@ from tally.core.errors import (
 )
 from tally.metadata.cluster import init_cluster
 from tally.metadata.cookies import Cookie, CookieManager, VersionedCookie
-from tally.metadata.layout import cookie_path
+from tally.metadata.paths import cookie_path
 from tests.metadata.conftest import Backend
 
 COOKIE = Cookie("bookie-1:3181", ("/journal", "/ledgers/0", "/ledgers/1"), "instance-1", "inc-1")

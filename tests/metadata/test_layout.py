@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tally.core.errors import BadRequest
 from tally.core.ids import UINT64_MAX, LedgerId
-from tally.metadata.layout import (
+from tally.metadata.paths import (
     LEDGER_METADATA,
     ROOTS,
     UNDER_REPLICATION_MARKS,

@@ -16,8 +16,8 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.metadata import ledger_manager
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import IDGEN, LEDGER_METADATA, LEDGERS, SCOPED_SUFFIX
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.paths import IDGEN, LEDGER_METADATA, LEDGERS, SCOPED_SUFFIX
 from tally.metadata.store import MetadataStore
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import Collected, sample_metadata, start_service_worker

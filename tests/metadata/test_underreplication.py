@@ -10,7 +10,7 @@ import pytest
 from tally.core.errors import BadRequest, MalformedData, SessionExpired
 from tally.core.ids import LedgerId
 from tally.metadata.cluster import init_cluster
-from tally.metadata.layout import (
+from tally.metadata.paths import (
     AUDIT_REQUEST,
     LOST_BOOKIE_RECOVERY_DELAY,
     LOST_ENTRY_RECORDS,

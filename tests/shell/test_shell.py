@@ -21,7 +21,7 @@ from tally.client.config import ClientConfig
 from tally.client.sync import SyncClient
 from tally.core.ids import LedgerId
 from tally.metadata.auditor_election import AuditorElection
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.support.processes import BookieProcess, init_cluster
 

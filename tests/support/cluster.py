@@ -24,7 +24,8 @@ from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.bookie_registry import BookieRegistry
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tests.support.processes import BookieProcess, environment, init_cluster
 
 SESSION_TIMEOUT = 2.0

@@ -50,7 +50,7 @@ from tally.core.placement import DEFAULT_RACK
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)

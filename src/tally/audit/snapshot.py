@@ -39,7 +39,7 @@ from tally.metadata.bookie_registry import (
 )
 from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 from tally.version import __version__
 

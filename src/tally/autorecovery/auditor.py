@@ -44,8 +44,8 @@ from tally.core.lost_bookies import (
 )
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import AvailableBookies
-from tally.metadata.keys import Watcher
-from tally.metadata.layout import check_bookie_id
+from tally.metadata.key_ops import Watcher
+from tally.metadata.paths import check_bookie_id
 from tally.metadata.underreplication import AuditorCheck
 
 log = logging.getLogger(__name__)

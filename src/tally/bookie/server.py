@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 
-from tally.bookie import records
+from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.journal import Journal
@@ -53,7 +53,8 @@ from tally.core.receive_arenas import ReceiveArenas
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tally.version import __version__
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,9 @@ class Bookie:
         count = 0
         ledgers_by_file: dict[int, set[LedgerId]] = {}
         for mark, record in self.journal.replay(start):
-            ledger_id = records.apply(record, self.storage, mark if self._keeps_entries else None)
+            ledger_id = journal_records.apply(
+                record, self.storage, mark if self._keeps_entries else None
+            )
             ledgers_by_file.setdefault(mark.file_id, set()).add(ledger_id)
             count += 1
         damage = self.journal.damage
@@ -440,7 +443,9 @@ class Bookie:
         it (entry, fence, LAC) is journaled right after, in the same or a later group
         commit, so its reply already implies this one is durable, and its failure reports
         the journal's."""
-        self.journal.append_then(records.master_key_record(ledger_id, master_key), b"", _ignore)
+        self.journal.append_then(
+            journal_records.master_key_record(ledger_id, master_key), b"", _ignore
+        )
 
     def _add(self, request: protocol.AddRequest, connection: BookieConnectionHandler) -> None:
         started = time.perf_counter()
@@ -459,7 +464,7 @@ class Bookie:
         if admission.record_master_key:
             storage.set_master_key(ledger_id, request.master_key)
             self._journal_master_key(ledger_id, request.master_key)
-        head = records.entry_record_head(
+        head = journal_records.entry_record_head(
             ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c
         )
         self.journal.append_then(  # add_entry has just checked the entry's CRC32C
@@ -518,7 +523,7 @@ class Bookie:
             self._journal_master_key(ledger_id, master_key)
         if admission.record_fence:
             self.storage.set_fenced(ledger_id)
-            future = self.journal.append_nowait(records.fence_record(ledger_id))
+            future = self.journal.append_nowait(journal_records.fence_record(ledger_id))
             self._pending_fences[ledger_id] = future
             future.add_done_callback(lambda _: self._pending_fences.pop(ledger_id, None))
         else:
@@ -549,7 +554,7 @@ class Bookie:
             self.storage.set_master_key(ledger_id, request.master_key)
             self._journal_master_key(ledger_id, request.master_key)
         self.storage.set_explicit_lac(ledger_id, request.last_add_confirmed)
-        record = records.explicit_lac_record(ledger_id, request.last_add_confirmed)
+        record = journal_records.explicit_lac_record(ledger_id, request.last_add_confirmed)
         response = protocol.WriteLacResponse(request.request_id, ledger_id).encode()
         self._journal_then(
             record, lambda: self._ok(request, connection, response), request, connection

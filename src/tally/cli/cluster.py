@@ -12,7 +12,8 @@ import typer
 
 from tally.core.errors import TallyError
 from tally.metadata.cluster import InitResult, init_cluster, nuke_cluster, read_cluster
-from tally.metadata.store import DEFAULT_CONNECT_TIMEOUT, MetadataStore, open_store
+from tally.metadata.store import DEFAULT_CONNECT_TIMEOUT, MetadataStore
+from tally.metadata.stores import open_store
 
 T = TypeVar("T")
 

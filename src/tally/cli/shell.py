@@ -63,7 +63,8 @@ from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
 from tally.metadata.ledger_manager import LedgerManager
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 from tally.metadata.views import (
     bookie_view,

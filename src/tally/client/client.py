@@ -38,7 +38,8 @@ from tally.core.schedule import check_quorums
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
 
 

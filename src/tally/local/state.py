@@ -22,7 +22,7 @@ from typing import Any
 
 from tally.core.errors import BadRequest, MalformedData
 from tally.local.processes import free_ports, is_running, start_token
-from tally.metadata.records import Record
+from tally.metadata.json_records import Record
 
 FORMAT = 1
 STATE_FILE = "local.json"

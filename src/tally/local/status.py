@@ -16,7 +16,7 @@ from tally.local.services import AUTORECOVERY
 from tally.local.state import META_DB, BookieSlot, DataDir, ProcessRecord
 from tally.metadata.bookie_registry import AvailableBookies, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import read_cluster
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 
 WRITABLE = "writable"
 READ_ONLY = "read-only"

@@ -35,7 +35,7 @@ from tally.local.processes import (
 from tally.local.services import Service, services
 from tally.local.state import DataDir, LocalState, ProcessRecord, plan_bookies
 from tally.metadata.cluster import InitResult, init_cluster
-from tally.metadata.store import open_store
+from tally.metadata.stores import open_store
 
 DEFAULT_BOOKIES = 3
 DEFAULT_RACKS = 2

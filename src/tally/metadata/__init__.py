@@ -13,8 +13,8 @@ from tally.metadata.store import (
     Watch,
     WatchEvent,
     WatchKind,
-    open_store,
 )
+from tally.metadata.stores import open_store
 
 __all__ = [
     "CheckVersion",

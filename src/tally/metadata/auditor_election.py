@@ -15,8 +15,8 @@ import contextlib
 import re
 
 from tally.core.errors import NoSuchKey
-from tally.metadata import records
-from tally.metadata.layout import AUDITOR, AUDITOR_VOTE_PREFIX, check_bookie_id
+from tally.metadata import json_records
+from tally.metadata.paths import AUDITOR, AUDITOR_VOTE_PREFIX, check_bookie_id
 from tally.metadata.store import MetadataStore, Watch, WatchEvent, WatchKind, join, name_of
 
 WHO_ATTEMPTS = 5
@@ -47,7 +47,9 @@ async def who_is_auditor(store: MetadataStore) -> str | None:
             found = await store.get(path)
         except NoSuchKey:
             continue  # the auditor just went: look again
-        return records.decode(found.data, _KIND, _FIELDS, f"auditor vote {path}").text("bookie_id")
+        return json_records.decode(found.data, _KIND, _FIELDS, f"auditor vote {path}").text(
+            "bookie_id"
+        )
     return None
 
 
@@ -77,7 +79,7 @@ class AuditorElection:
     async def start(self) -> None:
         """Cast the vote and look at the result (`elected` is set at once if it won)."""
         self.store.on_session_lost(self._session_lost)
-        data = records.encode(_KIND, {"bookie_id": self.bookie_id})
+        data = json_records.encode(_KIND, {"bookie_id": self.bookie_id})
         self.vote = await self.store.create(
             AUDITOR_VOTE_PREFIX, data, ephemeral=True, sequential=True
         )

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tally.core.errors import BadRequest, KeyExists, NoSuchKey
-from tally.metadata import records
-from tally.metadata.keys import Watcher, delete_if_present, put
-from tally.metadata.layout import (
+from tally.metadata import json_records
+from tally.metadata.key_ops import Watcher, delete_if_present, put
+from tally.metadata.paths import (
     RACKS,
     READONLY,
     WRITABLE,
@@ -75,7 +75,7 @@ class BookieInfo:
             raise BadRequest(f"start time must be a non-negative int, got {self.start_time_ms!r}")
 
     def to_bytes(self) -> bytes:
-        return records.encode(
+        return json_records.encode(
             _INFO_KIND,
             {
                 "address": self.address,
@@ -87,8 +87,8 @@ class BookieInfo:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> BookieInfo:
-        record = records.decode(data, _INFO_KIND, _INFO_FIELDS, source)
-        with records.building(source):
+        record = json_records.decode(data, _INFO_KIND, _INFO_FIELDS, source)
+        with json_records.building(source):
             return cls(
                 address=record.text("address"),
                 http_port=record.optional_integer("http_port"),
@@ -128,12 +128,12 @@ class BookiePlacement:
                 raise BadRequest(f"bookie {name} must be a non-empty printable str: {value!r}")
 
     def to_bytes(self) -> bytes:
-        return records.encode(_PLACEMENT_KIND, {"rack": self.rack, "zone": self.zone})
+        return json_records.encode(_PLACEMENT_KIND, {"rack": self.rack, "zone": self.zone})
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> BookiePlacement:
-        record = records.decode(data, _PLACEMENT_KIND, _PLACEMENT_FIELDS, source)
-        with records.building(source):
+        record = json_records.decode(data, _PLACEMENT_KIND, _PLACEMENT_FIELDS, source)
+        with json_records.building(source):
             return cls(rack=record.text("rack"), zone=record.text("zone"))
 
 

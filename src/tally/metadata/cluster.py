@@ -22,8 +22,8 @@ from tally.core.errors import (
     NoSuchKey,
     NotEmpty,
 )
-from tally.metadata import records
-from tally.metadata.layout import CLUSTER, READONLY, ROOTS, WRITABLE
+from tally.metadata import json_records
+from tally.metadata.paths import CLUSTER, READONLY, ROOTS, WRITABLE
 from tally.metadata.store import ROOT, Create, Delete, MetadataStore, join, parent_of
 
 LAYOUT_VERSION = 1
@@ -47,7 +47,7 @@ class ClusterInfo:
     created_ms: int
 
     def to_bytes(self) -> bytes:
-        return records.encode(
+        return json_records.encode(
             _KIND,
             {
                 "instance_id": self.instance_id,
@@ -58,7 +58,7 @@ class ClusterInfo:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ClusterInfo:
-        record = records.decode(data, _KIND, _FIELDS, f"cluster record {CLUSTER}")
+        record = json_records.decode(data, _KIND, _FIELDS, f"cluster record {CLUSTER}")
         return cls(
             instance_id=record.text("instance_id"),
             layout_version=record.integer("layout_version", low=1),

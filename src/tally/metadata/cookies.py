@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tally.core.errors import BadRequest, CookieMismatch, KeyExists, NoSuchKey
-from tally.metadata import records
-from tally.metadata.layout import COOKIES, check_bookie_id, cookie_path
+from tally.metadata import json_records
+from tally.metadata.paths import COOKIES, check_bookie_id, cookie_path
 from tally.metadata.store import MetadataStore
 
 _KIND = "cookie"
@@ -58,7 +58,7 @@ class Cookie:
         return cls(bookie_id, tuple(directories), instance_id, uuid.uuid4().hex)
 
     def to_bytes(self) -> bytes:
-        return records.encode(
+        return json_records.encode(
             _KIND,
             {
                 "bookie_id": self.bookie_id,
@@ -71,8 +71,8 @@ class Cookie:
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> Cookie:
         """Decode a cookie read from `source` (a key or a file, named in errors)."""
-        record = records.decode(data, _KIND, _FIELDS, source)
-        with records.building(source):
+        record = json_records.decode(data, _KIND, _FIELDS, source)
+        with json_records.building(source):
             return cls(
                 bookie_id=record.text("bookie_id"),
                 directories=record.texts("directories"),

@@ -32,18 +32,18 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerMetadata
-from tally.metadata.keys import Watcher
-from tally.metadata.layout import (
-    IDGEN,
-    LEDGER_METADATA,
-    idgen_bucket_first_id,
-    idgen_bucket_path,
-)
+from tally.metadata.key_ops import Watcher
 from tally.metadata.ledger_tree import (
     DEFAULT_PAGE_SIZE,
     create_with_parents,
     prune_parents,
     walk,
+)
+from tally.metadata.paths import (
+    IDGEN,
+    LEDGER_METADATA,
+    idgen_bucket_first_id,
+    idgen_bucket_path,
 )
 from tally.metadata.store import MetadataStore, Versioned, WatchKind
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tally.core.errors import BadRequest, NoSuchKey, NotEmpty, TallyError
 from tally.core.ids import LedgerId
-from tally.metadata.layout import LEAF_PREFIX, Hierarchy, LedgerTree
+from tally.metadata.paths import LEAF_PREFIX, Hierarchy, LedgerTree
 from tally.metadata.store import MetadataStore, Versioned, join
 
 log = logging.getLogger(__name__)

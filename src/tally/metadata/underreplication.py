@@ -34,9 +34,10 @@ from tally.core.errors import (
     SessionExpired,
 )
 from tally.core.ids import LedgerId
-from tally.metadata import records
-from tally.metadata.keys import Watcher, delete_if_present, put, watch_value
-from tally.metadata.layout import (
+from tally.metadata import json_records
+from tally.metadata.key_ops import Watcher, delete_if_present, put, watch_value
+from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
+from tally.metadata.paths import (
     AUDIT_REQUEST,
     LOST_BOOKIE_RECOVERY_DELAY,
     LOST_ENTRY_RECORDS,
@@ -45,7 +46,6 @@ from tally.metadata.layout import (
     check_path_of,
     lock_path,
 )
-from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
 from tally.metadata.store import Delete, MetadataStore, Versioned, WatchKind
 
 log = logging.getLogger(__name__)
@@ -119,14 +119,14 @@ def _check_bookies(bookies: Iterable[str]) -> frozenset[str]:
 
 
 def _encode_mark(missing: frozenset[str], first_marked_ms: int) -> bytes:
-    return records.encode(
+    return json_records.encode(
         _MARK_KIND, {"missing_bookies": sorted(missing), "first_marked_ms": first_marked_ms}
     )
 
 
 def _decode_mark(ledger_id: LedgerId, found: Versioned) -> UnderReplicatedLedger:
     source = f"under-replication mark of ledger {ledger_id}"
-    record = records.decode(found.data, _MARK_KIND, _MARK_FIELDS, source)
+    record = json_records.decode(found.data, _MARK_KIND, _MARK_FIELDS, source)
     return UnderReplicatedLedger(
         ledger_id,
         frozenset(record.texts("missing_bookies")),
@@ -136,12 +136,12 @@ def _decode_mark(ledger_id: LedgerId, found: Versioned) -> UnderReplicatedLedger
 
 
 def _decode_delay(data: bytes) -> int:
-    record = records.decode(data, _DELAY_KIND, _DELAY_FIELDS, LOST_BOOKIE_RECOVERY_DELAY)
+    record = json_records.decode(data, _DELAY_KIND, _DELAY_FIELDS, LOST_BOOKIE_RECOVERY_DELAY)
     return record.integer("seconds")
 
 
 def _decode_request(data: bytes) -> int:
-    return records.decode(data, _REQUEST_KIND, _REQUEST_FIELDS, AUDIT_REQUEST).integer(
+    return json_records.decode(data, _REQUEST_KIND, _REQUEST_FIELDS, AUDIT_REQUEST).integer(
         "requested_ms"
     )
 
@@ -155,7 +155,7 @@ def _check_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
 
 def _decode_lost(ledger_id: LedgerId, found: Versioned) -> LostEntries:
     source = f"lost entries of ledger {ledger_id}"
-    record = records.decode(found.data, _LOST_KIND, _LOST_FIELDS, source)
+    record = json_records.decode(found.data, _LOST_KIND, _LOST_FIELDS, source)
     try:
         ranges = _check_ranges(record.integer_pairs("ranges"))
     except BadRequest as e:
@@ -341,7 +341,7 @@ class UnderReplicationManager:
         await put(
             self.store,
             LOST_BOOKIE_RECOVERY_DELAY,
-            records.encode(_DELAY_KIND, {"seconds": seconds}),
+            json_records.encode(_DELAY_KIND, {"seconds": seconds}),
         )
 
     async def lost_bookie_recovery_delay(self) -> int | None:
@@ -365,7 +365,7 @@ class UnderReplicationManager:
         await put(
             self.store,
             check_path_of(AuditorCheck(check).value),
-            records.encode(_CHECK_KIND, {"time_ms": time_ms}),
+            json_records.encode(_CHECK_KIND, {"time_ms": time_ms}),
         )
 
     async def check_time(self, check: AuditorCheck) -> int | None:
@@ -375,7 +375,7 @@ class UnderReplicationManager:
             found = await self.store.get(path)
         except NoSuchKey:
             return None
-        return records.decode(found.data, _CHECK_KIND, _CHECK_FIELDS, path).integer("time_ms")
+        return json_records.decode(found.data, _CHECK_KIND, _CHECK_FIELDS, path).integer("time_ms")
 
     # -- audit requests ------------------------------------------------------------------
 
@@ -383,7 +383,9 @@ class UnderReplicationManager:
         """Ask the auditor to run every check now; the request's time (ms)."""
         requested = _now_ms() if now_ms is None else now_ms
         await put(
-            self.store, AUDIT_REQUEST, records.encode(_REQUEST_KIND, {"requested_ms": requested})
+            self.store,
+            AUDIT_REQUEST,
+            json_records.encode(_REQUEST_KIND, {"requested_ms": requested}),
         )
         return requested
 
@@ -412,7 +414,7 @@ class UnderReplicationManager:
             _now_ms() if now_ms is None else now_ms,
             mark_version,
         )
-        data = records.encode(
+        data = json_records.encode(
             _LOST_KIND,
             {
                 "ranges": [list(pair) for pair in lost.ranges],

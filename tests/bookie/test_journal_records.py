@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tally.bookie import records
+from tally.bookie import journal_records
 from tally.bookie.journal import Journal
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.digest import crc32c, master_key
@@ -33,7 +33,7 @@ def storage(tmp_path: Path) -> Iterator[LedgerStorage]:
 
 
 def entry_record(ledger_id: LedgerId = LEDGER, entry_id: int = 3, lac: int = 2) -> bytes:
-    return records.entry_record(ledger_id, entry_id, lac, crc32c(PAYLOAD), PAYLOAD)
+    return journal_records.entry_record(ledger_id, entry_id, lac, crc32c(PAYLOAD), PAYLOAD)
 
 
 Check = Callable[[LedgerStorage], None]
@@ -58,9 +58,9 @@ def _lac_applied(storage: LedgerStorage) -> None:
 
 KINDS: dict[str, tuple[bytes, Check]] = {
     "entry": (entry_record(), _entry_applied),
-    "master key": (records.master_key_record(LEDGER, KEY), _key_applied),
-    "fence": (records.fence_record(LEDGER), _fence_applied),
-    "explicit LAC": (records.explicit_lac_record(LEDGER, 17), _lac_applied),
+    "master key": (journal_records.master_key_record(LEDGER, KEY), _key_applied),
+    "fence": (journal_records.fence_record(LEDGER), _fence_applied),
+    "explicit LAC": (journal_records.explicit_lac_record(LEDGER, 17), _lac_applied),
 }
 
 
@@ -71,10 +71,10 @@ def test_each_record_applies_to_storage_and_twice_changes_nothing(
     record, applied = KINDS[kind]
     with pytest.raises(NoSuchLedger):
         storage.ledger_info(LEDGER)
-    records.apply(record, storage)
+    journal_records.apply(record, storage)
     applied(storage)
     before = storage.ledger_info(LEDGER)
-    records.apply(record, storage)
+    journal_records.apply(record, storage)
     applied(storage)
     assert storage.ledger_info(LEDGER) == before
 
@@ -82,9 +82,9 @@ def test_each_record_applies_to_storage_and_twice_changes_nothing(
 def test_the_record_layouts_are_stable() -> None:
     """Journals outlive the code that wrote them: the bytes are a format."""
     ids = struct.pack(">QQ", LEDGER.scope, LEDGER.id)
-    assert records.fence_record(LEDGER) == b"\x03" + ids
-    assert records.master_key_record(LEDGER, KEY) == b"\x02" + ids + KEY
-    assert records.explicit_lac_record(LEDGER, 17) == b"\x04" + ids + struct.pack(">q", 17)
+    assert journal_records.fence_record(LEDGER) == b"\x03" + ids
+    assert journal_records.master_key_record(LEDGER, KEY) == b"\x02" + ids + KEY
+    assert journal_records.explicit_lac_record(LEDGER, 17) == b"\x04" + ids + struct.pack(">q", 17)
     assert entry_record() == (b"\x01" + ids + struct.pack(">qqI", 3, 2, crc32c(PAYLOAD)) + PAYLOAD)
 
 
@@ -103,12 +103,12 @@ def test_any_ledger_and_values_round_trip(
         storage = LedgerStorage(Path(directory))
         try:
             for record in (
-                records.master_key_record(ledger_id, KEY),
-                records.entry_record(ledger_id, entry_id, lac, crc32c(payload), payload),
-                records.explicit_lac_record(ledger_id, explicit),
-                records.fence_record(ledger_id),
+                journal_records.master_key_record(ledger_id, KEY),
+                journal_records.entry_record(ledger_id, entry_id, lac, crc32c(payload), payload),
+                journal_records.explicit_lac_record(ledger_id, explicit),
+                journal_records.fence_record(ledger_id),
             ):
-                records.apply(record, storage)
+                journal_records.apply(record, storage)
             assert storage.get_entry(ledger_id, entry_id) == (crc32c(payload), payload)
             assert storage.master_key(ledger_id) == KEY
             assert storage.is_fenced(ledger_id)
@@ -119,10 +119,13 @@ def test_any_ledger_and_values_round_trip(
 
 def test_records_replayed_from_a_real_journal_rebuild_the_state(tmp_path: Path) -> None:
     written = [
-        records.master_key_record(WIDE, KEY),
-        *(records.entry_record(WIDE, i, i - 1, crc32c(b"%d" % i), b"%d" % i) for i in range(5)),
-        records.explicit_lac_record(WIDE, 4),
-        records.fence_record(WIDE),
+        journal_records.master_key_record(WIDE, KEY),
+        *(
+            journal_records.entry_record(WIDE, i, i - 1, crc32c(b"%d" % i), b"%d" % i)
+            for i in range(5)
+        ),
+        journal_records.explicit_lac_record(WIDE, 4),
+        journal_records.fence_record(WIDE),
     ]
 
     async def journal_them() -> None:
@@ -137,7 +140,7 @@ def test_records_replayed_from_a_real_journal_rebuild_the_state(tmp_path: Path) 
     storage = LedgerStorage(tmp_path / "ledgers")
     try:
         for record in replayed:
-            records.apply(record, storage)
+            journal_records.apply(record, storage)
         assert [storage.get_entry(WIDE, i)[1] for i in range(5)] == [b"%d" % i for i in range(5)]
         assert storage.last_add_confirmed(WIDE) == 4
         assert storage.is_fenced(WIDE)
@@ -154,9 +157,9 @@ def test_a_record_cut_anywhere_or_extended_is_malformed(storage: LedgerStorage, 
     record, _ = KINDS[kind]
     for cut in range(len(record)):
         with pytest.raises(MalformedData):
-            records.apply(record[:cut], storage)
+            journal_records.apply(record[:cut], storage)
     with pytest.raises(MalformedData):
-        records.apply(record + b"\x00", storage)
+        journal_records.apply(record + b"\x00", storage)
     with pytest.raises(NoSuchLedger):  # nothing of a refused record reached storage
         storage.ledger_info(LEDGER)
 
@@ -164,16 +167,16 @@ def test_a_record_cut_anywhere_or_extended_is_malformed(storage: LedgerStorage, 
 @pytest.mark.parametrize("kind", [0, 5, 0x7F, 0x80, 0xFF])
 def test_an_unknown_record_type_is_malformed(storage: LedgerStorage, kind: int) -> None:
     with pytest.raises(MalformedData, match=f"unknown type {kind}"):
-        records.apply(bytes([kind]) + records.fence_record(LEDGER)[1:], storage)
+        journal_records.apply(bytes([kind]) + journal_records.fence_record(LEDGER)[1:], storage)
 
 
 def test_impossible_values_are_malformed(storage: LedgerStorage) -> None:
     for record in (
-        records.entry_record(LEDGER, -3, 2, crc32c(PAYLOAD), PAYLOAD),
-        records.entry_record(LEDGER, 3, -2, crc32c(PAYLOAD), PAYLOAD),
-        records.explicit_lac_record(LEDGER, -5),
+        journal_records.entry_record(LEDGER, -3, 2, crc32c(PAYLOAD), PAYLOAD),
+        journal_records.entry_record(LEDGER, 3, -2, crc32c(PAYLOAD), PAYLOAD),
+        journal_records.explicit_lac_record(LEDGER, -5),
     ):
         with pytest.raises(MalformedData, match="does not apply"):
-            records.apply(record, storage)
+            journal_records.apply(record, storage)
     with pytest.raises(NoSuchLedger):
         storage.ledger_info(LEDGER)

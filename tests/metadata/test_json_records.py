@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.errors import BadRequest, MalformedData
-from tally.metadata import records
+from tally.metadata import json_records
 
 KIND = "test-record"
 FIELDS = frozenset({"name", "count", "items", "port"})
@@ -15,7 +15,7 @@ SAMPLE = {"name": "bookie-1:3181", "count": 42, "items": ["/data/a", "/data/b"],
 
 
 def read(data: bytes) -> tuple[str, int, tuple[str, ...], int | None]:
-    record = records.decode(data, KIND, FIELDS, "the sample")
+    record = json_records.decode(data, KIND, FIELDS, "the sample")
     return (
         record.text("name"),
         record.integer("count"),
@@ -25,16 +25,16 @@ def read(data: bytes) -> tuple[str, int, tuple[str, ...], int | None]:
 
 
 def test_round_trip_and_canonical_bytes() -> None:
-    data = records.encode(KIND, SAMPLE)
+    data = json_records.encode(KIND, SAMPLE)
     assert read(data) == ("bookie-1:3181", 42, ("/data/a", "/data/b"), None)
-    assert records.encode(KIND, dict(reversed(SAMPLE.items()))) == data
+    assert json_records.encode(KIND, dict(reversed(SAMPLE.items()))) == data
     assert b" " not in data
 
 
 @settings(max_examples=300)
 @given(st.data())
 def test_any_flipped_byte_is_refused(data: st.DataObject) -> None:
-    encoded = bytearray(records.encode(KIND, SAMPLE))
+    encoded = bytearray(json_records.encode(KIND, SAMPLE))
     position = data.draw(st.integers(0, len(encoded) - 1))
     encoded[position] ^= data.draw(st.integers(1, 255))
     with pytest.raises(MalformedData, match="the sample"):
@@ -42,7 +42,7 @@ def test_any_flipped_byte_is_refused(data: st.DataObject) -> None:
 
 
 def test_any_cut_is_refused() -> None:
-    encoded = records.encode(KIND, SAMPLE)
+    encoded = json_records.encode(KIND, SAMPLE)
     for length in range(len(encoded)):
         with pytest.raises(MalformedData, match="the sample"):
             read(encoded[:length])
@@ -54,16 +54,19 @@ def test_any_cut_is_refused() -> None:
         (b"\xff\xfe", "not JSON"),
         (b"[1, 2]", "a JSON list"),
         (b"[" * 100_000, "not JSON"),
-        (records.encode("other-kind", SAMPLE), "'other-kind' record"),
-        (records.encode(KIND, {**SAMPLE, "extra": 1}), "unknown field"),
-        (records.encode(KIND, {k: v for k, v in SAMPLE.items() if k != "count"}), "no 'count'"),
-        (records.encode(KIND, {**SAMPLE, "count": "42"}), "not an integer"),
-        (records.encode(KIND, {**SAMPLE, "count": True}), "not an integer"),
-        (records.encode(KIND, {**SAMPLE, "count": -1}), "below 0"),
-        (records.encode(KIND, {**SAMPLE, "name": ""}), "empty"),
-        (records.encode(KIND, {**SAMPLE, "items": ["a", 3]}), "non-string"),
+        (json_records.encode("other-kind", SAMPLE), "'other-kind' record"),
+        (json_records.encode(KIND, {**SAMPLE, "extra": 1}), "unknown field"),
+        (
+            json_records.encode(KIND, {k: v for k, v in SAMPLE.items() if k != "count"}),
+            "no 'count'",
+        ),
+        (json_records.encode(KIND, {**SAMPLE, "count": "42"}), "not an integer"),
+        (json_records.encode(KIND, {**SAMPLE, "count": True}), "not an integer"),
+        (json_records.encode(KIND, {**SAMPLE, "count": -1}), "below 0"),
+        (json_records.encode(KIND, {**SAMPLE, "name": ""}), "empty"),
+        (json_records.encode(KIND, {**SAMPLE, "items": ["a", 3]}), "non-string"),
         (b'{"kind":"test-record","format":1,"name":"x"}', "checksum"),
-        (b" " * (records.MAX_RECORD_BYTES + 1), "too long"),
+        (b" " * (json_records.MAX_RECORD_BYTES + 1), "too long"),
     ],
 )
 def test_malformed_records_say_what_is_wrong(data: bytes, message: str) -> None:
@@ -72,8 +75,8 @@ def test_malformed_records_say_what_is_wrong(data: bytes, message: str) -> None:
 
 
 def test_a_newer_format_asks_for_an_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records, "FORMAT", 2)
-    newer = records.encode(KIND, SAMPLE)
+    monkeypatch.setattr(json_records, "FORMAT", 2)
+    newer = json_records.encode(KIND, SAMPLE)
     monkeypatch.undo()
     with pytest.raises(MalformedData, match=r"format 2 is newer.*upgrade"):
         read(newer)
@@ -81,7 +84,7 @@ def test_a_newer_format_asks_for_an_upgrade(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_string_that_is_not_unicode_is_a_bad_request() -> None:
     with pytest.raises(BadRequest, match="not valid Unicode"):
-        records.encode(KIND, {**SAMPLE, "name": "\udcff"})
+        json_records.encode(KIND, {**SAMPLE, "name": "\udcff"})
     forged = b'{"kind":"test-record","format":1,"name":"\\udcff"}'
     with pytest.raises(MalformedData, match="invalid Unicode"):
         read(forged)
