@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.entry_log import Location
-from tally.bookie.index import Index, LedgerState
+from tally.bookie.index import Index, LedgerData
 from tally.bookie.journal_entries import JournalLocation
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
@@ -38,7 +38,7 @@ def location_of(ledger_id: LedgerId, entry_id: int) -> Location:
 def put(index: Index, entries: dict[LedgerId, list[int]]) -> None:
     batch = index.batch()
     for ledger_id, entry_ids in entries.items():
-        batch.put_state(ledger_id, LedgerState(entry_count=len(entry_ids)))
+        batch.put_ledger_data(ledger_id, LedgerData(entry_count=len(entry_ids)))
         for entry_id in entry_ids:
             batch.put_location(ledger_id, entry_id, location_of(ledger_id, entry_id))
     index.write(batch)
@@ -92,11 +92,11 @@ def test_delete_ledger_removes_its_entries_and_state_and_nothing_else(index: Ind
         index.write(batch)
         del entries[doomed]
         assert index.entries_of(doomed).size == 0
-        assert index.ledger_state(doomed) is None
+        assert index.ledger_data(doomed) is None
         assert index.location(doomed, 5) is None
         for ledger_id, entry_ids in entries.items():
             assert index.entries_of(ledger_id).tolist() == entry_ids
-            assert index.ledger_state(ledger_id) == LedgerState(entry_count=3)
+            assert index.ledger_data(ledger_id) == LedgerData(entry_count=3)
         assert list(index.ledgers()) == sorted(entries)
 
 
@@ -113,7 +113,7 @@ def test_delete_entry(index: Index) -> None:
 @settings(max_examples=200)
 @given(
     st.builds(
-        LedgerState,
+        LedgerData,
         master_key=st.none() | st.binary(min_size=32, max_size=32).filter(any),
         fenced=st.booleans(),
         explicit_lac=st.integers(-1, MAX_ENTRY),
@@ -123,29 +123,29 @@ def test_delete_entry(index: Index) -> None:
         byte_count=st.integers(0, UINT64_MAX),
     )
 )
-def test_ledger_state_round_trips(state: LedgerState) -> None:
+def test_ledger_state_round_trips(state: LedgerData) -> None:
     raw = state.to_bytes()
     assert len(raw) == 74
-    assert LedgerState.from_bytes(raw, LedgerId(0, 1)) == state
+    assert LedgerData.from_bytes(raw, LedgerId(0, 1)) == state
     assert state.last_add_confirmed == max(state.explicit_lac, state.piggyback_lac)
 
 
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
-        (LedgerState().to_bytes()[:-1], "73 bytes"),
-        (b"\x02" + LedgerState().to_bytes()[1:], "version 2"),
-        (b"\x01\x04" + LedgerState().to_bytes()[2:], "flags 0x04"),
+        (LedgerData().to_bytes()[:-1], "73 bytes"),
+        (b"\x02" + LedgerData().to_bytes()[1:], "version 2"),
+        (b"\x01\x04" + LedgerData().to_bytes()[2:], "flags 0x04"),
         (
-            LedgerState().to_bytes()[:2] + b"\x01" + LedgerState().to_bytes()[3:],
+            LedgerData().to_bytes()[:2] + b"\x01" + LedgerData().to_bytes()[3:],
             "no master key flag",
         ),
-        (LedgerState().to_bytes()[:34] + (-2).to_bytes(8, "big", signed=True) + bytes(32), "-2"),
+        (LedgerData().to_bytes()[:34] + (-2).to_bytes(8, "big", signed=True) + bytes(32), "-2"),
     ],
 )
 def test_a_damaged_ledger_state_is_unreadable(raw: bytes, reason: str) -> None:
     with pytest.raises(EntryUnreadable, match=reason):
-        LedgerState.from_bytes(raw, LedgerId(0, 1))
+        LedgerData.from_bytes(raw, LedgerId(0, 1))
 
 
 def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     with pytest.raises(EntryUnreadable, match="kept journal files take 3 bytes"):
         index.kept_journal_files()
     with pytest.raises(EntryUnreadable, match="state of ledger 7 has 7 bytes"):
-        index.ledger_state(LedgerId(0, 7))
+        index.ledger_data(LedgerId(0, 7))
     index.close()
 
 
@@ -177,8 +177,8 @@ def test_journal_mark_and_state_survive_reopen_after_sync(tmp_path: Path) -> Non
     index = Index(path)
     assert index.journal_mark() is None
     batch = index.batch()
-    state = LedgerState(master_key=b"k" * 32, fenced=True, explicit_lac=4, last_entry=9)
-    batch.put_state(LedgerId(2, 3), state)
+    state = LedgerData(master_key=b"k" * 32, fenced=True, explicit_lac=4, last_entry=9)
+    batch.put_ledger_data(LedgerId(2, 3), state)
     batch.put_location(LedgerId(2, 3), 9, Location(1, 20, 300))
     batch.put_location(LedgerId(2, 3), 10, JournalLocation(2**64 - 1, 2**63, 2**32 - 1, 0xFFFFFFFF))
     batch.put_journal_mark(b"\x00mark\xff")
@@ -193,7 +193,7 @@ def test_journal_mark_and_state_survive_reopen_after_sync(tmp_path: Path) -> Non
 
     reopened = Index(path)
     assert reopened.journal_mark() == b"\x00mark\xff"
-    assert reopened.ledger_state(LedgerId(2, 3)) == state
+    assert reopened.ledger_data(LedgerId(2, 3)) == state
     assert reopened.location(LedgerId(2, 3), 9) == Location(1, 20, 300)
     assert reopened.location(LedgerId(2, 3), 10) == JournalLocation(
         2**64 - 1, 2**63, 2**32 - 1, 0xFFFFFFFF
@@ -254,7 +254,7 @@ def test_the_index_agrees_with_a_model(
         batch = index.batch()
         if operation == "put":
             batch.put_location(ledger_id, entry_id, location_of(ledger_id, entry_id))
-            batch.put_state(ledger_id, LedgerState())
+            batch.put_ledger_data(ledger_id, LedgerData())
             model.setdefault(ledger_id, set()).add(entry_id)
         elif operation == "delete":
             batch.delete_entry(ledger_id, entry_id)

@@ -6,7 +6,7 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                                                          in an entry log, or (journal file id
                                                          u64, offset u64, size u32, CRC32C
                                                          u32) in the journal (24 bytes)
-    ledgers   (scope u64, ledger u64)                ->  LedgerState, 74 bytes
+    ledgers   (scope u64, ledger u64)                ->  LedgerData, 74 bytes
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
@@ -69,8 +69,9 @@ _SCAN_CHUNK = 1 << 16
 
 
 @dataclass(slots=True)
-class LedgerState:
-    """What a bookie keeps of a ledger besides its entries.
+class LedgerData:
+    """What a bookie keeps of a ledger besides its entries (BookKeeper's name for the row
+    of DbLedgerStorage's ledger index); not to be confused with a ledger's LedgerState.
 
     Mutable on purpose: ledger storage updates it on every add (the piggy-backed LAC), under
     its lock. `last_entry` is the highest entry id ever indexed (-1: none), an upper bound
@@ -91,7 +92,7 @@ class LedgerState:
         """The highest LAC seen, piggy-backed on an add or set explicitly (-1: none)."""
         return max(self.explicit_lac, self.piggyback_lac)
 
-    def copy(self) -> LedgerState:
+    def copy(self) -> LedgerData:
         return replace(self)
 
     def to_bytes(self) -> bytes:
@@ -193,7 +194,7 @@ class IndexBatch:
     def delete_entry(self, ledger_id: LedgerId, entry_id: int) -> None:
         self._batch.delete(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id))
 
-    def put_state(self, ledger_id: LedgerId, state: LedgerState) -> None:
+    def put_ledger_data(self, ledger_id: LedgerId, state: LedgerData) -> None:
         self._batch.put(_ledger_key(ledger_id), state.to_bytes(), self._index._ledgers_handle)
 
     def delete_ledger(self, ledger_id: LedgerId) -> None:
@@ -304,7 +305,7 @@ class Index:
         except Exception as error:
             raise EntryUnreadable(f"index: cannot list ledgers: {error}") from error
 
-    def ledger_state(self, ledger_id: LedgerId) -> LedgerState | None:
+    def ledger_data(self, ledger_id: LedgerId) -> LedgerData | None:
         key = _ledger_key(ledger_id)
         try:
             raw = self._ledgers_db.get(key)
@@ -312,7 +313,7 @@ class Index:
             raise EntryUnreadable(
                 f"index: cannot read the state of ledger {ledger_id}: {error}"
             ) from error
-        return None if raw is None else LedgerState.from_bytes(raw, ledger_id)
+        return None if raw is None else LedgerData.from_bytes(raw, ledger_id)
 
     def kept_journal_files(self) -> set[int]:
         """The journal files that hold entries the index points to (see journal_entries)."""

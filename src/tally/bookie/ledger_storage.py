@@ -61,7 +61,7 @@ from tally.bookie.entry_log import (
     EntryLog,
     Location,
 )
-from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerState
+from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerData
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
@@ -238,7 +238,7 @@ class LedgerStorage:
         self._cache = _WriteCache()
         self._flushing: _WriteCache | None = None
         """The cache a running checkpoint is writing out; still served to readers."""
-        self._states: dict[LedgerId, LedgerState] = {}
+        self._states: dict[LedgerId, LedgerData] = {}
         """Every ledger touched since start-up (loaded on first use, never evicted)."""
         self._dirty: set[LedgerId] = set()
         """Ledgers whose state changed since the last checkpoint took its snapshot, besides
@@ -573,7 +573,7 @@ class LedgerStorage:
                         state = self._states[ledger_id]
                         if ledger_id in totals:
                             state = _with_totals(state.copy(), totals[ledger_id])
-                        batch.put_state(ledger_id, state)
+                        batch.put_ledger_data(ledger_id, state)
                     batch.put_journal_mark(journal_mark)
                     if limbo is not None:
                         batch.put_limbo_ledgers(limbo)
@@ -696,7 +696,7 @@ class LedgerStorage:
                         forgotten.add(entry_id)
                 updated = state.copy()
                 updated.entry_count, updated.byte_count = count, size
-                batch.put_state(ledger_id, updated)
+                batch.put_ledger_data(ledger_id, updated)
                 self._index.write(batch)
                 state.entry_count, state.byte_count = count, size
             self._index.sync()
@@ -714,7 +714,7 @@ class LedgerStorage:
 
     # -- states ---------------------------------------------------------------------
 
-    def _find(self, ledger_id: LedgerId) -> LedgerState | None:
+    def _find(self, ledger_id: LedgerId) -> LedgerData | None:
         """The ledger's state, loaded from the index on first use (call under `_lock`).
 
         Loading under the lock keeps a delete from racing a load back into memory.
@@ -722,20 +722,20 @@ class LedgerStorage:
         state = self._states.get(ledger_id)
         if state is None:
             _check_ledger_id(ledger_id)
-            state = self._index.ledger_state(ledger_id)
+            state = self._index.ledger_data(ledger_id)
             if state is not None:
                 self._states[ledger_id] = state
         return state
 
-    def _touch(self, ledger_id: LedgerId) -> LedgerState:
+    def _touch(self, ledger_id: LedgerId) -> LedgerData:
         """The ledger's state, created if the ledger is new (call under `_lock`)."""
         state = self._find(ledger_id)
         if state is None:
-            state = self._states[ledger_id] = LedgerState()
+            state = self._states[ledger_id] = LedgerData()
             self._dirty.add(ledger_id)
         return state
 
-    def _snapshot(self, ledger_id: LedgerId) -> LedgerState:
+    def _snapshot(self, ledger_id: LedgerId) -> LedgerData:
         with self._lock:
             state = self._find(ledger_id)
             if state is None:
@@ -755,7 +755,7 @@ class _Totals(NamedTuple):
     byte_count: int
 
 
-def _with_totals(state: LedgerState, totals: _Totals) -> LedgerState:
+def _with_totals(state: LedgerData, totals: _Totals) -> LedgerData:
     state.last_entry, state.entry_count, state.byte_count = totals
     return state
 
