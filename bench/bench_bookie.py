@@ -63,7 +63,7 @@ from pathlib import Path
 
 from bench_journal import drop_cache, quantile, raw_append, raw_direct_writers, raw_fdatasync
 from raw_socket import add_nowait_rate, request_reply_rate
-from tally.bookie.journal import journal_files
+from tally.bookie.journal_files import journal_files
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, master_key
 from tally.core.entry_format import encode_entry

@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tally.bookie.journal import Journal, journal_files
+from tally.bookie.journal import Journal
+from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import JournalMark
 
 KIB, MIB = 1 << 10, 1 << 20

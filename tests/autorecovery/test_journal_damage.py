@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import tally
-from tally.bookie.journal import journal_files
 from tally.bookie.journal_entries import RecordType
+from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import HEADER_SIZE, scan_records
 from tally.client.bookie_connection import BookieConnection
 from tally.core.answers import Answer

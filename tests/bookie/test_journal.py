@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.direct_io import aligned_up
-from tally.bookie.journal import Journal, journal_files
+from tally.bookie.journal import Journal
+from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from tally.bookie import journal_records
-from tally.bookie.journal import Journal, journal_files
+from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import (
     ENTRY_HEAD,
     KEPT_ENTRY_SIZE,
     JournalEntries,
     JournalLocation,
 )
+from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.digest import crc32c

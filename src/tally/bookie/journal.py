@@ -6,19 +6,14 @@ fdatasync'ed. Ledger storage is written lazily; after a restart `replay` hands b
 record since the last checkpoint, and `release_before` lets go of the files a checkpoint
 made redundant.
 
-Files: `<directory>/<file id as 16 hex digits>.txn`, ids increasing. Every `start()`
-writes a new file, as does a rollover when the next batch would take the current file past
-`file_size`. No file is written again after a restart, so a tail torn by a crash is never
-written over or after. A file is born under a temporary name with its header and first
-preallocated chunk, fsync'ed, renamed and its directory fsync'ed: a `.txn` file always has
-a whole header.
-
-The bytes of files and records, and how replay tells a torn tail from damage, are
-journal_format.py's. Replay reads every file but the last up to the end of its records that
+Files (journal_files.py): every `start()` writes a new file, as does a rollover when the
+next batch would take the current file past `file_size`. No file is written again after a
+restart, so a tail torn by a crash is never written over or after. The bytes of files and
+records, and how replay tells a torn tail from damage, are journal_format.py's. Replay reads every file but the last up to the end of its records that
 its successor's header recorded, and the last one up to its first bad record that no valid
 record follows (a torn write). Damage, a bad stretch before that, is logged and listed in
 `damage`, and replay goes on after it: the bookie cannot know which records it lost, so it
-treats the ledgers of that file as in limbo (server.py) rather than forget the records after
+treats the ledgers of that file as in limbo (limbo.py) rather than forget the records after
 the damage. A torn write and a disk that corrupted the last acknowledged records look the
 same; nothing short of a second copy can tell them apart, which is what the other bookies
 of the write quorum are.
@@ -59,33 +54,32 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import mmap
 import os
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Generator, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
 from tally.bookie.direct_io import enable_direct
-from tally.bookie.journal_format import (
-    HEADER_SIZE,
-    Damage,
-    FileHeader,
-    JournalMark,
-    Scan,
-    file_name,
-    frame,
-    scan_records,
+from tally.bookie.journal_files import (
+    OpenFile,
+    create_file,
+    journal_files,
+    pwrite_all,
+    records_end,
+    release_files,
+    remove_temporaries,
+    replay_files,
 )
+from tally.bookie.journal_format import HEADER_SIZE, Damage, FileHeader, JournalMark, frame
 from tally.bookie.journal_staging import JournalStage, StagedBuffer
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
-from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
+from tally.core.errors import BadRequest, IllegalOperation, WriteFailed
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +95,6 @@ records reached about half the disk's raw rate (fdatasync per MiB) with 512 KiB 
 against about three quarters with 1 MiB ones (bench/bench_journal.py, same runs)."""
 RECENT_FDATASYNCS = 1024
 """fdatasync latencies kept for the metrics."""
-
-_FILE_NAME = re.compile(r"([0-9a-f]{16})\.txn")
-_TEMPORARY_SUFFIX = ".tmp"
 
 
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
@@ -132,21 +123,6 @@ class JournalStats:
         return recent[min(len(recent) - 1, int(q * len(recent)))]
 
 
-@dataclass
-class _OpenFile:
-    """The file being written; touched by the journal thread only."""
-
-    file_id: int
-    path: Path
-    fd: int
-    allocated: int
-    direct: bool
-    """Written with O_DIRECT; else through the page cache."""
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 _Waiter: TypeAlias = asyncio.Future[JournalMark] | Done
 _Batch: TypeAlias = StagedBuffer[_Waiter]
 
@@ -155,7 +131,7 @@ class _Written(NamedTuple):
     """A batch the writer thread wrote, for the sync thread to fdatasync and answer."""
 
     waiters: list[_Waiter]
-    file: _OpenFile
+    file: OpenFile
     ends: list[int]
     start: int
     end: int
@@ -165,7 +141,7 @@ class _Written(NamedTuple):
 class _Retired(NamedTuple):
     """A file the writer rolled away from: closed once what was written to it is synced."""
 
-    file: _OpenFile
+    file: OpenFile
 
 
 class _WriteError(NamedTuple):
@@ -188,23 +164,6 @@ class _State(enum.Enum):
 
 _RUNNING = _State.RUNNING
 """For the append path: a member looked up on its Enum class costs 0.3 us in Python 3.11."""
-
-
-def journal_files(directory: Path) -> list[tuple[int, Path]]:
-    """The journal files of `directory` by increasing id; a stray `.txn` name is refused."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for path in directory.iterdir():
-        if path.suffix != ".txn":
-            continue
-        match = _FILE_NAME.fullmatch(path.name)
-        if match is None:
-            raise MalformedData(
-                f"{path}: not a journal file name (16 lowercase hex digits and .txn)"
-            )
-        found.append((int(match.group(1), 16), path))
-    return sorted(found)
 
 
 class Journal:
@@ -252,7 +211,7 @@ class Journal:
         self._highest_file_id = 0
         self._last_mark = JournalMark(0, 0)
         # The journal thread's file.
-        self._file: _OpenFile | None = None
+        self._file: OpenFile | None = None
         # The queue: two parts per record (its head and the rest), its size with the
         # frame, and who waits for it.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -293,32 +252,12 @@ class Journal:
         return self._replay(start)
 
     def _replay(self, start: JournalMark | None) -> Iterator[tuple[JournalMark, bytes]]:
-        files = journal_files(self.directory)
         if start is not None:
             self._highest_file_id = max(self._highest_file_id, start.file_id)
-            if start.file_id not in {file_id for file_id, _ in files}:
-                raise MalformedData(
-                    f"{self.directory / file_name(start.file_id)}, the journal file of "
-                    f"checkpoint mark {tuple(start)}, is missing"
-                )
-            files = [(file_id, path) for file_id, path in files if file_id >= start.file_id]
-        headers = [_read_header(path, file_id) for file_id, path in files]
-        for (previous_id, previous_path), header, (_, path) in zip(
-            files, headers[1:], files[1:], strict=False
-        ):
-            if header.previous_file_id != previous_id:
-                raise MalformedData(
-                    f"{path} follows journal file {header.previous_file_id:016x}, "
-                    f"but the file before it is {previous_path}: a journal file is missing"
-                )
         self.damage = []
-        for index, (file_id, path) in enumerate(files):
-            begin = start.offset if start is not None and file_id == start.file_id else HEADER_SIZE
-            end = headers[index + 1].previous_end if index + 1 < len(files) else None
-            scan = yield from _read_records(path, file_id, begin, end)
-            self.damage.extend(scan.damage)
-            if end is None:
-                self._tail = JournalMark(file_id, scan.end)
+        end = yield from replay_files(self.directory, start)
+        self.damage = list(end.damage)
+        self._tail = end.tail
 
     async def start(self) -> None:
         """Write a new journal file (never append to an old, possibly torn one)."""
@@ -346,8 +285,7 @@ class Journal:
     def _open(self) -> tuple[int, bytes]:
         """Journal thread: write the new file; returns its id and header."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(f"*.txn{_TEMPORARY_SUFFIX}"):
-            stale.unlink()
+        remove_temporaries(self.directory)
         files = journal_files(self.directory)
         previous = JournalMark(0, 0)
         if files:
@@ -355,34 +293,23 @@ class Journal:
             if self._tail is not None and self._tail.file_id == last_id:
                 previous = self._tail
             else:
-                _read_header(last_path, last_id)
-                previous = JournalMark(last_id, _drain(_read_records(last_path, last_id)))
+                previous = JournalMark(last_id, records_end(last_path, last_id))
         file_id = max(previous.file_id, self._highest_file_id) + 1
         header = FileHeader(file_id, *previous).to_bytes()
         self._file = self._create(file_id, header)
         return file_id, header
 
-    def _create(self, file_id: int, header: bytes) -> _OpenFile:
+    def _create(self, file_id: int, header: bytes) -> OpenFile:
         """A new file, durable with its header and first chunk before it gets its name."""
-        path = self.directory / file_name(file_id)
-        temporary = path.with_name(path.name + _TEMPORARY_SUFFIX)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        allocated = min(self.preallocate_size, self.file_size)
+        path, fd = create_file(self.directory, file_id, header, allocated, fsync=self.fsync)
         try:
-            _pwrite_all(fd, header, 0)
-            allocated = min(self.preallocate_size, self.file_size)
-            os.posix_fallocate(fd, 0, allocated)
-            if self.fsync:
-                os.fsync(fd)
-            temporary.rename(path)
-            if self.fsync:
-                _fsync_directory(self.directory)
             direct = self._direct(fd)
         except BaseException:
             os.close(fd)
-            temporary.unlink(missing_ok=True)
             raise
         self.stats.files_created += 1
-        return _OpenFile(file_id, path, fd, max(allocated, HEADER_SIZE), direct)
+        return OpenFile(file_id, path, fd, max(allocated, HEADER_SIZE), direct)
 
     def _direct(self, fd: int) -> bool:
         """Whether `fd` is now written with O_DIRECT (not if so configured, or refused)."""
@@ -558,7 +485,7 @@ class Journal:
                     target = max(end, min(f.allocated + self.preallocate_size, self.file_size))
                     os.posix_fallocate(f.fd, f.allocated, target - f.allocated)
                     f.allocated = target
-                _pwrite_all(f.fd, data, batch.start)
+                pwrite_all(f.fd, data, batch.start)
         except OSError as e:
             raise WriteFailed(
                 f"journal {f.path}: writing {len(batch.waiters)} records ({batch.staged} bytes) "
@@ -568,7 +495,7 @@ class Journal:
         self.stats.bytes_written += batch.staged
         return _Written(batch.waiters, f, batch.ends, batch.start, end)
 
-    def _roll(self, old: _OpenFile, batch: _Batch) -> _OpenFile:
+    def _roll(self, old: OpenFile, batch: _Batch) -> OpenFile:
         """Create the file that `batch` begins (its header is staged) and retire `old`."""
         self._file = self._create(batch.file_id, bytes(batch.memory[:HEADER_SIZE]))
         self._hand_to_syncer(_Retired(old))
@@ -621,7 +548,7 @@ class Journal:
             if isinstance(item, _Retired):
                 item.file.close()
 
-    def _fdatasync(self, files: dict[int, _OpenFile]) -> None:
+    def _fdatasync(self, files: dict[int, OpenFile]) -> None:
         if not self.fsync or not files:
             return
         started = time.perf_counter()
@@ -737,16 +664,7 @@ class Journal:
         limit = mark.file_id
         if self._state is not _State.NEW:
             limit = min(limit, self._last_mark.file_id)
-        released = [
-            path
-            for file_id, path in journal_files(self.directory)
-            if file_id < limit and file_id not in keep
-        ]
-        for path in released:
-            path.unlink(missing_ok=True)
-        if released and self.fsync:
-            _fsync_directory(self.directory)
-        return released
+        return release_files(self.directory, limit, keep, fsync=self.fsync)
 
 
 def _call(done: Done, mark: JournalMark | None, error: Exception | None) -> None:
@@ -755,89 +673,3 @@ def _call(done: Done, mark: JournalMark | None, error: Exception | None) -> None
         done(mark, error)
     except Exception:
         log.exception("journal: a record's callback failed")
-
-
-def _read_header(path: Path, file_id: int) -> FileHeader:
-    with path.open("rb") as f:
-        return FileHeader.from_bytes(f.read(HEADER_SIZE), file_id, str(path))
-
-
-def _read_records(
-    path: Path, file_id: int, begin: int = HEADER_SIZE, end: int | None = None
-) -> Generator[tuple[JournalMark, bytes], None, Scan]:
-    """The records of one file from `begin`, up to `end` if its successor recorded one;
-    returns how they ended (journal_format.scan_records), logging damage and a torn tail.
-
-    A file shorter than its recorded end lost records too: damage from where it stops.
-    """
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        bound = size if end is None else min(end, size)
-        if not HEADER_SIZE <= begin <= max(bound, HEADER_SIZE):
-            raise MalformedData(
-                f"{path}: replay would start at offset {begin}, outside its records "
-                f"[{HEADER_SIZE}, {bound}]"
-            )
-        if begin >= bound:
-            scan = Scan(begin, None, ())
-        else:
-            with (
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-                memoryview(mapped) as view,
-            ):
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-                scan = yield from scan_records(
-                    view, file_id, begin, bound, end_recorded=end is not None
-                )
-    if end is not None and size < end:
-        cut = Damage(file_id, size, end, f"the file ends at {size}, before its recorded end")
-        scan = Scan(scan.end, None, (*scan.damage, cut))
-    for damage in scan.damage:
-        log.error(
-            "%s: %s at offset %d: no valid record in [%d, %d), where acknowledged records "
-            "were; replay goes on after it",
-            path,
-            damage.problem,
-            damage.start,
-            damage.start,
-            damage.end,
-        )
-    if scan.torn is not None:
-        log.warning(
-            "%s: %s at offset %d, and no valid record after it: a torn write at the tail of "
-            "the last journal file; replay stops there and the next start writes a new file",
-            path,
-            scan.torn,
-            scan.end,
-        )
-    return scan
-
-
-def _drain(records: Generator[tuple[JournalMark, bytes], None, Scan]) -> int:
-    """Run a file's records through, for where they end."""
-    while True:
-        try:
-            next(records)
-        except StopIteration as done:
-            scan: Scan = done.value
-            return scan.end
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """Write all of `data` at `offset`."""
-    written = os.pwrite(fd, data, offset)
-    if written < len(data):
-        with memoryview(data) as view:  # cut short (a signal, a nearly full disk): go on
-            while written < len(view):
-                more = os.pwrite(fd, view[written:], offset + written)
-                if more <= 0:
-                    raise OSError(f"journal write made no progress at offset {offset + written}")
-                written += more
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
