@@ -38,6 +38,7 @@ from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.underreplication import AuditorCheck, UnderReplicationManager
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
+from tests.support.polling import until
 
 B1, B2, B3, B4 = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"
 """Registered by the tests, never listening: a read from them is refused at once."""
@@ -71,21 +72,6 @@ def config(**settings: object) -> AutoRecoveryConfig:
         "auditor_replicas_check_interval": 0.0,
     }
     return AutoRecoveryConfig(**{**base, **settings})  # type: ignore[arg-type]
-
-
-async def until(
-    predicate: Callable[[], object] | Callable[[], Awaitable[object]], timeout: float = WAIT
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s: {predicate}")
-        await asyncio.sleep(0.02)
 
 
 def marks_counter(cause: str) -> float:
@@ -579,7 +565,7 @@ async def test_the_ledger_check_marks_a_ledger_whose_entry_a_bookie_lost(
         settings = config(auditor_periodic_check_interval=HOUR, lost_bookie_recovery_delay=3600)
         before = marks_counter("check_all_ledgers")
         async with real_auditor(cluster.uri, settings, "ledger-checker") as auditor:
-            await until(lambda: last_runs(auditor)["check_all_ledgers"], 30)
+            await until(lambda: last_runs(auditor)["check_all_ledgers"], timeout=30)
         marks = client.context.under_replication
         mark = await marks.under_replicated(damaged)
         assert mark is not None
@@ -603,7 +589,7 @@ async def test_a_killed_bookie_s_ledgers_are_marked_naming_it(cluster: Cluster) 
         async with real_auditor(cluster.uri, config(), "kill-watcher") as auditor:
             await until(lambda: auditor.status()["elected"])
             await asyncio.to_thread(cluster.kill, victim)
-            await until(lambda: lost_state(auditor) == {victim: "marked"}, 30)
+            await until(lambda: lost_state(auditor) == {victim: "marked"}, timeout=30)
         marks = client.context.under_replication
         for ledger_id in holding:
             mark = await marks.under_replicated(ledger_id)

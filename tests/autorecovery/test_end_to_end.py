@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import LOCKS
 from tests.support.cluster import SESSION_TIMEOUT, Cluster, replica_copies, running_cluster
+from tests.support.polling import until
 from tests.support.processes import AutoRecoveryProcess, tally
 
 PASSWORD = b"e2e"
@@ -141,14 +142,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield found
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        await asyncio.sleep(0.2)
-
-
 async def test_a_killed_bookie_s_ledgers_return_to_full_replication(cluster: Cluster) -> None:
     ledgers = await write_ledgers(cluster.uri, 50, 20)
     victim = most_used_bookie(await records(cluster.uri, ledgers))
@@ -169,7 +162,7 @@ async def test_a_killed_auditor_is_replaced_and_the_new_one_repairs(cluster: Clu
             async def second_elected() -> bool:
                 return await who_is_auditor(store) == "ar-second"
 
-            await wait_for(second_elected, "ar-second elected", 4 * SESSION_TIMEOUT + 5)
+            await until(second_elected, "ar-second elected", timeout=4 * SESSION_TIMEOUT + 5)
         victim = most_used_bookie(await records(cluster.uri, ledgers))
         cluster.kill(victim)
         await wait_repaired(cluster.uri, ledgers, victim)
@@ -188,7 +181,7 @@ async def test_a_worker_killed_mid_copy_leaves_the_ledger_to_another(cluster: Cl
             async def copying() -> bool:
                 return bool(await store.children(LOCKS))
 
-            await wait_for(copying, "the slow worker holds a lock", 3 * SESSION_TIMEOUT + 10)
+            await until(copying, "the slow worker holds a lock", timeout=3 * SESSION_TIMEOUT + 10)
         slow.kill()
         with autorecovery(cluster, "ar-fast"):
             await wait_repaired(cluster.uri, ledgers, victim)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,7 @@ from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.stores import open_store
 from tests.support.cluster import Cluster, eventually_writable, replica_copies, running_cluster
+from tests.support.polling import until
 
 PASSWORD = b"worker-test"
 CLIENT = ClientConfig(
@@ -74,16 +75,6 @@ async def running_worker(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-async def eventually(
-    condition: Callable[[], Awaitable[bool]], what: str, timeout: float = WAIT
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def write_ledger(
@@ -166,7 +157,7 @@ async def counted(worker: ReplicationWorker, outcome: str, count: int) -> None:
     async def reached() -> bool:
         return worker.status()[outcome] >= count
 
-    await eventually(reached, f"{count} {outcome}", 5.0)
+    await until(reached, f"{count} {outcome}", timeout=5.0)
     assert worker.status()[outcome] == count
 
 
@@ -214,8 +205,8 @@ async def test_a_lost_bookie_is_replaced_everywhere_and_its_marks_removed(
             async def repaired() -> bool:
                 return not any([await is_marked(cluster.uri, x) for x in hit])
 
-            await eventually(repaired, "the lost bookie's ledgers repaired")
-            await eventually(
+            await until(repaired, "the lost bookie's ledgers repaired")
+            await until(
                 lambda: _not(is_marked(cluster.uri, doomed.ledger_id)), "deleted ledger's mark"
             )
             await counted(worker, "replicated", len(hit) + 1)
@@ -266,9 +257,7 @@ async def test_entries_forgotten_by_a_live_bookie_are_copied_back_to_it(
     async with tally.Client(cluster.uri, config=CLIENT) as client:
         await client.context.under_replication.mark_under_replicated(writer.ledger_id, [bookie])
     async with running_worker(cluster.uri) as worker:
-        await eventually(
-            lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired"
-        )
+        await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired")
         assert worker.status()["entries_copied"] == 4
     after = await read_record(cluster.uri, writer.ledger_id)
     assert after.version == before.version
@@ -297,7 +286,7 @@ async def test_the_byte_rate_is_kept_and_a_remark_during_the_copy_keeps_the_mark
             async def copying() -> bool:
                 return worker.status()["bytes_copied"] > 0
 
-            await eventually(copying, "the copy started")
+            await until(copying, "the copy started")
             started, copied_at_start = time.monotonic(), worker.status()["bytes_copied"]
             remark = await manager.mark_under_replicated(writer.ledger_id, ["10.0.0.9:3181"])
             assert remark.version > first.version
@@ -306,7 +295,7 @@ async def test_the_byte_rate_is_kept_and_a_remark_during_the_copy_keeps_the_mark
             async def first_turn_over() -> bool:
                 return worker.status()["remarked"] == 1
 
-            await eventually(first_turn_over, "the first turn ended with the mark kept")
+            await until(first_turn_over, "the first turn ended with the mark kept")
             elapsed = time.monotonic() - started
             copied = worker.status()["bytes_copied"] - copied_at_start
             # two thirds of the entries were on the lost bookie (E3 WQ2)
@@ -314,9 +303,7 @@ async def test_the_byte_rate_is_kept_and_a_remark_during_the_copy_keeps_the_mark
             assert copied / elapsed <= rate * 1.15, (copied, elapsed)
             assert copied / elapsed >= rate * 0.5, (copied, elapsed)
 
-            await eventually(
-                lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the second turn"
-            )
+            await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the second turn")
             await counted(worker, "replicated", 1)
     metadata = await assert_every_copy(cluster.uri, writer.ledger_id, size)
     assert victim not in metadata.bookies()
@@ -340,12 +327,12 @@ async def test_two_workers_repair_each_ledger_once(cluster: Cluster) -> None:
             async def all_repaired() -> bool:
                 return not any([await is_marked(cluster.uri, w.ledger_id) for w in hit])
 
-            await eventually(all_repaired, "every ledger repaired")
+            await until(all_repaired, "every ledger repaired")
 
             async def both_counted() -> bool:
                 return one.status()["replicated"] + two.status()["replicated"] == len(hit)
 
-            await eventually(both_counted, "each ledger counted once", 5.0)
+            await until(both_counted, "each ledger counted once", timeout=5.0)
             await asyncio.sleep(0.5)  # a ledger repaired twice would be counted by now
             assert one.status()["replicated"] + two.status()["replicated"] == len(hit)
             assert one.status()["failed"] + two.status()["failed"] == 0
@@ -373,7 +360,7 @@ async def test_an_entry_with_no_copy_anywhere_is_listed_lost_not_retried(
             async def listed() -> bool:
                 return await manager.lost_entries(writer.ledger_id) is not None
 
-            await eventually(listed, "the ledger on the lost-entries list")
+            await until(listed, "the ledger on the lost-entries list")
             lost = await manager.lost_entries(writer.ledger_id)
             assert lost is not None
             assert lost.ranges == ((4, 4),)
@@ -395,7 +382,7 @@ async def test_an_entry_with_no_copy_anywhere_is_listed_lost_not_retried(
             async def tried_again() -> bool:
                 return worker.status()["lost"] == 2
 
-            await eventually(tried_again, "a re-mark gives the ledger another try")
+            await until(tried_again, "a re-mark gives the ledger another try")
     # entry 7 was copied back to the bookie that had forgotten it; entry 4 is on none
     await assert_every_copy(cluster.uri, writer.ledger_id, lost=frozenset({4}))
 
@@ -420,9 +407,7 @@ async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cl
     async with tally.Client(cluster.uri, config=CLIENT) as client:
         await client.context.under_replication.mark_under_replicated(writer.ledger_id, [victim])
     async with running_worker(cluster.uri):
-        await eventually(
-            lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired"
-        )
+        await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired")
     assert metric("client_read_corrupt_copies_total") - corrupt_before >= 1
     metadata = (await read_record(cluster.uri, writer.ledger_id)).metadata
     copies = await replica_copies(writer.ledger_id, metadata, PASSWORD, 9)
@@ -448,11 +433,11 @@ async def test_an_open_ledgers_writer_that_changes_ensemble_in_time_is_not_fence
             async def deferred() -> bool:
                 return worker.status()["deferred"] >= 1
 
-            await eventually(deferred, "the open ledger deferred")
+            await until(deferred, "the open ledger deferred")
             for e in range(20, 30):  # the writer goes on: the dead bookie is replaced
                 await writer.append(payload(writer.ledger_id, e))
             assert victim not in writer.metadata.metadata.segments[-1].ensemble
-            await eventually(
+            await until(
                 lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired"
             )
             await counted(worker, "replicated", 1)
@@ -484,9 +469,7 @@ async def test_an_open_ledger_whose_writer_is_gone_is_fenced_closed_and_repaired
             writer.ledger_id, [victim]
         )
     async with running_worker(cluster.uri) as worker:
-        await eventually(
-            lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired"
-        )
+        await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired")
         assert time.time() * 1000 >= mark.first_marked_ms + 2000  # not before the grace
         assert worker.status()["deferred"] >= 1
     record = await read_record(cluster.uri, writer.ledger_id)

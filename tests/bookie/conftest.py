@@ -14,9 +14,8 @@ import contextlib
 import itertools
 import os
 import subprocess
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,18 +64,6 @@ def entry(
     return encode_entry(
         ledger_id, entry_id, last, 1000 * entry_id + len(payload), payload, DigestType.CRC32C
     )
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
-) -> float:
-    """Poll `check` until it is true; returns the seconds it took."""
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
 
 
 @contextlib.asynccontextmanager

@@ -35,7 +35,6 @@ from tests.bookie.conftest import (
     BookieUnderTest,
     connected,
     entry,
-    eventually,
     in_process_bookie,
     new_ledger,
     registration_of,
@@ -43,6 +42,7 @@ from tests.bookie.conftest import (
     sample,
     store_session,
 )
+from tests.support.polling import until
 
 CHECK_INTERVAL_MS = 50
 
@@ -72,7 +72,7 @@ async def test_the_registration_dies_with_a_killed_bookie(cluster: str, tmp_path
             bookie.kill()
             # The key outlives the process until its session's lease runs out.
             assert not await gone()
-            took = await eventually(gone, timeout=4 * SESSION_TIMEOUT, what="registration gone")
+            took = await until(gone, "registration gone", timeout=4 * SESSION_TIMEOUT)
             assert took <= 2 * SESSION_TIMEOUT
             bookie.start()  # a restart registers again ...
             assert not await gone()
@@ -152,7 +152,7 @@ async def test_the_bookie_is_writable_again_below_the_low_water_mark(
         await connection.add(entry(ledger, 0), KEY)
 
         used["fraction"] = 0.96
-        await eventually(lambda: registered("readonly"), what="read-only")
+        await until(lambda: registered("readonly"), "read-only")
         with pytest.raises(WriteOnReadOnlyBookie):
             await connection.add(entry(ledger, 1), KEY)
 
@@ -163,7 +163,7 @@ async def test_the_bookie_is_writable_again_below_the_low_water_mark(
             await connection.add(entry(ledger, 1), KEY)
 
         used["fraction"] = 0.89
-        await eventually(lambda: registered("writable"), what="writable again")
+        await until(lambda: registered("writable"), "writable again")
         await connection.add(entry(ledger, 1), KEY)
         assert await connection.read(ledger, 1) == entry(ledger, 1)
 
@@ -192,7 +192,7 @@ async def test_a_failed_re_registration_is_retried(
         async def read_only() -> bool:
             return await node.registered_as() == "readonly"
 
-        await eventually(read_only, what="read-only despite two failed registrations")
+        await until(read_only, "read-only despite two failed registrations")
         assert failures["left"] == 0
 
 
@@ -225,7 +225,7 @@ async def test_a_journal_io_error_fails_the_add_and_makes_the_bookie_read_only(
         async def read_only() -> bool:
             return await node.registered_as() == "readonly"
 
-        await eventually(read_only, what="re-registered read-only")
+        await until(read_only, "re-registered read-only")
         for attempt in (
             connection.add(entry(ledger, 2), KEY),
             connection.add(entry(ledger, 2), KEY, recovery=True),

@@ -44,12 +44,12 @@ from tests.bookie.conftest import (
     RawConnection,
     connected,
     entry,
-    eventually,
     in_process_bookie,
     new_ledger,
     running,
     sample,
 )
+from tests.support.polling import until
 
 MAX_FRAME_SIZE = 16 * 1024
 DUMP_SCOPE = 0xD0_D0
@@ -153,7 +153,7 @@ async def test_large_entries_received_in_place_read_back_intact_across_checkpoin
             async def checkpointed(before: int = before) -> bool:
                 return storage.stats().checkpoints > before
 
-            await eventually(checkpointed, what="a checkpoint")
+            await until(checkpointed, "a checkpoint")
         async with connected(node.address) as connection:
             for ledger in ledgers:
                 for entry_id, data in enumerate(sent[ledger]):
@@ -331,7 +331,7 @@ async def test_a_bad_frame_closes_only_its_connection(bookie: BookieUnderTest, c
     async def once() -> bool:
         return counted() >= 1
 
-    await eventually(once, what="malformed frame counted")
+    await until(once, "malformed frame counted")
     assert counted() == 1
     assert reason in bookie.log()
 
@@ -453,4 +453,4 @@ async def test_the_connections_gauge_follows_open_connections(bookie: BookieUnde
     async def back_down() -> bool:
         return open_connections() == baseline
 
-    await eventually(back_down, what="the connections gauge back down")
+    await until(back_down, "the connections gauge back down")

@@ -27,6 +27,7 @@ from tally.cli.main import app
 from tally.core.errors import BadRequest, MalformedData
 from tally.local.processes import is_running, start_token
 from tally.local.state import BookieSlot, LocalState, ProcessRecord, plan_bookies
+from tests.support.polling import wait_until
 from tests.support.processes import tally
 
 SESSION_TIMEOUT = 4.0
@@ -107,13 +108,6 @@ def bookie(report: dict[str, Any], index: int) -> dict[str, Any]:
     return found
 
 
-def eventually(check: Any, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
-        time.sleep(0.1)
-
-
 def alive(pid: int) -> bool:
     return is_running(pid, None)
 
@@ -168,9 +162,11 @@ def test_up_kill_restart_stop_and_up_again(data_dir: Path) -> None:
     code, report = status(data_dir)
     assert code == 0
     assert (bookie(report, 2)["running"], bookie(report, 2)["exit_code"]) == (False, -9)
-    eventually(
+    wait_until(
         lambda: bookie(status(data_dir)[1], 2)["registered"] is None,
         "the killed bookie's registration lapsing",
+        timeout=WAIT,
+        step=0.1,
     )
     report = status(data_dir)[1]
     assert (bookie(report, 2)["pid"], bookie(report, 2)["running"]) == (killed, False)
@@ -390,7 +386,9 @@ def test_a_pid_counts_as_running_only_while_it_is_the_same_live_process() -> Non
     assert token is not None  # these tests run where /proc is
     assert not is_running(me, token + 1)  # a later process that got the pid is not it
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    eventually(lambda: not is_running(child.pid, None), "the child to end")  # a zombie
+    wait_until(
+        lambda: not is_running(child.pid, None), "the child to end", timeout=WAIT
+    )  # a zombie
     assert child.poll() == 0
     assert not is_running(child.pid, None)
 

@@ -36,16 +36,6 @@ class Recorder:
         return len(self.events) - before
 
 
-async def until(predicate: object, timeout: float = 5.0, step: float = 0.01) -> float:
-    """Poll the async `predicate()` until true; the seconds it took (fails after `timeout`)."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    async with asyncio.timeout(timeout):
-        while not await predicate():  # type: ignore[operator]
-            await asyncio.sleep(step)
-    return loop.time() - start
-
-
 class StoreProcess:
     """`store_worker.py` in a child process, driven line by line over its stdin/stdout."""
 

@@ -26,7 +26,8 @@ from tally.metadata import (
     WatchKind,
 )
 from tests.metadata.conftest import Backend
-from tests.metadata.support import Recorder, until
+from tests.metadata.support import Recorder
+from tests.support.polling import until
 
 # -- keys, values, versions --------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from tally.metadata.underreplication import (
 )
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import Collected, start_service_worker
-from tests.metadata.support import until
+from tests.support.polling import until
 
 L1, L2, L3 = LedgerId.classic(1), LedgerId.classic(20_000), LedgerId(7, 3)
 
