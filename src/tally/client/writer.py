@@ -293,6 +293,12 @@ class LedgerWriter:
                 waiter.set_exception(self._error)
         self._waiters.clear()
 
+    def _stop_appends(self) -> None:
+        self._closed = True
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+        self._fail_held()
+
     def _fail_held(self) -> None:
         """Advanced appends still behind a gap at close were never sent, nor will be."""
         gap = self._pending.next_entry_id
@@ -417,10 +423,7 @@ class LedgerWriter:
         for the copies that failed or stayed silent."""
         if self._closed:
             return
-        self._closed = True
-        if self._lac_task is not None:
-            self._lac_task.cancel()
-        self._fail_held()
+        self._stop_appends()
         pending = [w for w in self._waiters.values() if not w.done()]
         if pending and self._error is None:
             await asyncio.gather(*pending, return_exceptions=True)
@@ -458,10 +461,7 @@ class LedgerWriter:
         OPEN (its recovery closes it). Nothing once the writer is closed or closing."""
         if self._closed:
             return
-        self._closed = True
-        if self._lac_task is not None:
-            self._lac_task.cancel()
-        self._fail_held()
+        self._stop_appends()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._context.config.close_copies_timeout
         pending: list[asyncio.Future[Any]] = [w for w in self._waiters.values() if not w.done()]
