@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+import tally
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
 from tally.core.errors import IllegalOperation, TallyError, TooManyRequests
@@ -50,6 +51,22 @@ async def stored(cluster: FakeCluster, writer: LedgerWriter) -> LedgerRecord:
 async def missing_bookies(cluster: FakeCluster, writer: LedgerWriter) -> frozenset[str] | None:
     mark = await UnderReplicationManager(cluster.store).under_replicated(writer.ledger_id)
     return None if mark is None else mark.missing_bookies
+
+
+async def confirmed_past_a_held_copy(
+    cluster: FakeCluster, client: tally.Client, count: int, position: int
+) -> tuple[LedgerWriter, FakeBookie]:
+    """A writer of E = WQ = 3, AQ = 2 whose `count` entries are confirmed while the bookie
+    at `position` holds its copies; that bookie."""
+    writer = await client.create_ledger(
+        ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+    )
+    held = ensemble_of(cluster, writer)[position]
+    held.hold = True
+    futures = [writer.append_nowait(b"%d" % i) for i in range(count)]
+    assert await asyncio.gather(*futures) == list(range(count))
+    await until(lambda: len(held.held) == count)
+    return writer, held
 
 
 def failures_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -130,14 +147,7 @@ async def test_close_waits_for_the_copies_beyond_the_ack_quorum(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with fake_cluster(3) as cluster, cluster.client(CONFIG) as client:
-        writer = await client.create_ledger(
-            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
-        )
-        slow = ensemble_of(cluster, writer)[2]
-        slow.hold = True
-        futures = [writer.append_nowait(b"%d" % i) for i in range(20)]
-        assert await asyncio.gather(*futures) == list(range(20))  # at AQ=2
-        await until(lambda: len(slow.held) == 20)
+        writer, slow = await confirmed_past_a_held_copy(cluster, client, 20, position=2)
         asyncio.get_running_loop().call_later(0.2, slow.resume)
         await writer.close()
         # The close returned after the third copies answered, not before.
@@ -153,13 +163,7 @@ async def test_close_gives_up_on_a_silent_copy_at_its_bound_and_marks_the_ledger
 ) -> None:
     config = dataclasses.replace(CONFIG, close_copies_timeout=0.5)
     async with fake_cluster(3) as cluster, cluster.client(config) as client:
-        writer = await client.create_ledger(
-            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
-        )
-        stalled = ensemble_of(cluster, writer)[1]
-        stalled.hold = True
-        futures = [writer.append_nowait(b"%d" % i) for i in range(30)]
-        assert await asyncio.gather(*futures) == list(range(30))
+        writer, stalled = await confirmed_past_a_held_copy(cluster, client, 30, position=1)
         started = time.monotonic()
         await writer.close()
         assert 0.5 <= time.monotonic() - started < 3.0
@@ -176,14 +180,7 @@ async def test_a_copy_that_fails_during_the_close_is_marked_not_replaced(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with fake_cluster(4) as cluster, cluster.client(CONFIG) as client:
-        writer = await client.create_ledger(
-            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
-        )
-        failing = ensemble_of(cluster, writer)[0]
-        failing.hold = True
-        futures = [writer.append_nowait(b"%d" % i) for i in range(10)]
-        assert await asyncio.gather(*futures) == list(range(10))
-        await until(lambda: len(failing.held) == 10)
+        writer, failing = await confirmed_past_a_held_copy(cluster, client, 10, position=0)
         failing.refuse = refusing_adds(TooManyRequests("overloaded"))
         asyncio.get_running_loop().call_later(0.2, failing.resume)
         await writer.close()
@@ -200,13 +197,7 @@ async def test_client_close_stops_a_writer_left_open_and_marks_its_silent_copies
     config = dataclasses.replace(CONFIG, close_copies_timeout=0.5)
     async with fake_cluster(3) as cluster:
         async with cluster.client(config) as client:
-            writer = await client.create_ledger(
-                ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
-            )
-            stalled = ensemble_of(cluster, writer)[2]
-            stalled.hold = True
-            futures = [writer.append_nowait(b"%d" % i) for i in range(10)]
-            assert await asyncio.gather(*futures) == list(range(10))
+            writer, stalled = await confirmed_past_a_held_copy(cluster, client, 10, position=2)
             started = time.monotonic()
         assert time.monotonic() - started < 3.0
         # Left open by its writer, the ledger stays OPEN for a recovery to close.
