@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
+import logging
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,9 @@ from pathlib import Path
 import pytest
 
 import tally
+from tally.client.bookie_connection import BookieConnection
 from tally.client.writer import LedgerWriter
+from tally.core.availability import EntryAvailability
 from tally.core.ids import LedgerId
 from tally.core.metadata import LedgerState
 from tally.errors import (
@@ -296,6 +300,40 @@ async def test_open_without_recovery_follows_the_tail_without_fencing(cluster: C
 
         await w.close()
         assert (await b.open_ledger(w.ledger_id, password=b"pw")).last_entry_id == 29
+
+
+async def test_a_close_right_after_the_adds_leaves_every_copy_in_place(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Adds resolve at AQ=2 while third copies are in flight: the writer's close waits for
+    them, and the client's close cuts nothing and reports no failure."""
+    async with tally.Client(cluster.uri) as client:
+
+        async def write_and_close() -> LedgerWriter:
+            w = await client.create_ledger(
+                ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw"
+            )
+            futures = [w.append_nowait(b"entry %d" % i) for i in range(300)]
+            assert await asyncio.gather(*futures) == list(range(300))
+            await w.close()
+            return w
+
+        writers = await asyncio.gather(*(write_and_close() for _ in range(5)))
+    for w in writers:
+        (segment,) = w.metadata.metadata.segments
+        for bookie in segment.ensemble:
+            connection = await BookieConnection.connect(bookie)
+            try:
+                held = await connection.get_list_of_entries(w.ledger_id)
+            finally:
+                await connection.close()
+            assert held == EntryAvailability.span(0, 299), f"{bookie} of ledger {w.ledger_id}"
+    gc.collect()  # a future dropped with its exception unread warns when collected
+    assert not [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING or "never retrieved" in r.getMessage()
+    ]
 
 
 def test_sync_client_does_the_contract(cluster: Cluster, tmp_path: Path) -> None:

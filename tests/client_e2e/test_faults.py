@@ -142,6 +142,34 @@ async def test_write_error_after_ack_quorum_changes_ensemble_and_marks(healthy: 
         assert await read_all(r) == expected
 
 
+async def test_close_bounds_its_wait_for_a_stalled_third_copy_and_marks_it(
+    healthy: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = healthy
+    # The adds' own timeout is far: the close's bound is what ends the wait.
+    config = dataclasses.replace(FAST, add_entry_timeout=30.0, close_copies_timeout=1.0)
+    async with tally.Client(cluster.uri, config=config) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        stalled = w.metadata.metadata.segments[0].ensemble[2]
+        await w.append(b"warm-up")  # every connection open before the pause
+        cluster.pause(stalled)
+        futures = [w.append_nowait(b"entry %d" % i) for i in range(1, 300)]
+        assert await asyncio.gather(*futures) == list(range(1, 300))
+        started = time.monotonic()
+        await w.close()
+        assert 1.0 <= time.monotonic() - started < 5.0
+    async with store_session(cluster.uri) as store:
+        mark = await UnderReplicationManager(store).under_replicated(w.ledger_id)
+        record = await LedgerManager(store).read_ledger_metadata(w.ledger_id)
+    assert (record.metadata.state, record.metadata.last_entry_id) == (LedgerState.CLOSED, 299)
+    assert len(record.metadata.segments) == 1
+    assert mark is not None
+    assert mark.missing_bookies == {stalled}
+    assert not [r for r in caplog.records if "failed entry" in r.getMessage()]
+
+
 async def test_recovery_aborts_with_too_many_bookies_down_and_never_closes_early(
     healthy: Cluster, worker_log: Path
 ) -> None:

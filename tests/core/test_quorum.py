@@ -390,6 +390,42 @@ def test_replace_resets_the_position_for_unconfirmed_entries() -> None:
     assert adds.take_under_replicated() == ()
 
 
+def test_copies_beyond_the_ack_quorum_stay_in_flight_until_answered_or_given_up() -> None:
+    adds = PendingAdds(ensemble_size=3, write_quorum=3, ack_quorum=2)
+    for entry_id in range(3):
+        adds.add(entry_id)
+    assert adds.copies_in_flight == 0  # none confirmed yet
+    for entry_id in range(3):
+        adds.ack(entry_id, 0)
+        adds.ack(entry_id, 1)
+    adds.ack(0, 1)  # a repeat is not a second answer
+    assert adds.release() == (0, 1, 2)
+    # Confirmed at AQ=2, each entry still waits for its copy at position 2.
+    assert adds.unanswered() == ((0, 2), (1, 2), (2, 2))
+    assert adds.copies_in_flight == 3
+    adds.ack(0, 2)
+    adds.failed(1, 2)
+    assert adds.take_under_replicated() == ((1, 2),)
+    assert adds.give_up() == ((2, 2),)  # silent: it may not have the copy
+    assert adds.copies_in_flight == 0
+    assert adds.unanswered() == ()
+    assert adds.take_under_replicated() == ((2, 2),)
+    adds.ack(2, 2)  # a late ack after giving up does not count
+    assert adds.give_up() == ()
+
+
+def test_only_confirmed_entries_copies_are_in_flight_or_given_up() -> None:
+    adds = PendingAdds(ensemble_size=3, write_quorum=3, ack_quorum=2)
+    adds.add(0)
+    adds.ack(0, 0)
+    assert adds.copies_in_flight == 0  # entry 0 waits for its ack quorum, not beyond it
+    assert adds.give_up() == ()
+    adds.ack(0, 1)
+    assert adds.release() == (0,)
+    assert adds.unanswered() == ((0, 2),)
+    assert adds.copies_in_flight == 1
+
+
 def test_resumes_after_a_known_lac() -> None:
     adds = PendingAdds(ensemble_size=3, write_quorum=2, ack_quorum=1, last_add_confirmed=9)
     assert adds.next_entry_id == 10
@@ -511,6 +547,15 @@ class PendingAddsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.adds is not None)
     @rule()
+    def give_up(self) -> None:
+        assert self.adds is not None
+        silent = self._unanswered()
+        assert self.adds.give_up() == tuple(sorted(silent))
+        for copy in silent:
+            self.answers[copy] = False
+
+    @precondition(lambda self: self.adds is not None)
+    @rule()
     def take_under_replicated(self) -> None:
         assert self.adds is not None
         taken = self.adds.take_under_replicated()
@@ -527,6 +572,15 @@ class PendingAddsMachine(RuleBasedStateMachine):
     def _acks(self, entry_id: int) -> int:
         return sum(self.answers.get((entry_id, p)) is True for p in self._positions(entry_id))
 
+    def _unanswered(self) -> set[tuple[int, int]]:
+        assert self.adds is not None
+        return {
+            (entry_id, position)
+            for entry_id in range(self.lac + 1)
+            for position in self._positions(entry_id)
+            if (entry_id, position) not in self.answers
+        }
+
     @invariant()
     def lac_and_failed_positions_agree(self) -> None:
         if self.adds is None:
@@ -537,6 +591,14 @@ class PendingAddsMachine(RuleBasedStateMachine):
             for (entry_id, position), ack in self.answers.items()
             if not ack and entry_id > self.lac
         }
+
+    @invariant()
+    def copies_in_flight_are_the_unanswered_ones(self) -> None:
+        if self.adds is None:
+            return
+        unanswered = self._unanswered()
+        assert self.adds.unanswered() == tuple(sorted(unanswered))
+        assert self.adds.copies_in_flight == len(unanswered)
 
 
 TestPendingAddsMachine = PendingAddsMachine.TestCase

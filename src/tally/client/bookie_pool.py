@@ -28,6 +28,7 @@ class BookiePool:
         self._ssl = ssl_context
         self._connections: dict[str, BookieConnection] = {}
         self._dialing: dict[str, asyncio.Future[BookieConnection]] = {}
+        self._closed = False
 
     def cached(self, bookie_id: str) -> BookieConnection | None:
         """The open connection to `bookie_id`, if there is one: the add path's fast way."""
@@ -51,6 +52,9 @@ class BookiePool:
         connection = await BookieConnection.connect(
             address, ssl=self._ssl, request_timeout=self._request_timeout
         )
+        if self._closed:  # a dial that outlived the pool would leave its connection open
+            await connection.close()
+            raise BookieUnavailable(f"bookie {bookie_id}: the client was closed")
         self._connections[bookie_id] = connection
         return connection
 
@@ -66,6 +70,7 @@ class BookiePool:
         raise BookieUnavailable(f"bookie {bookie_id} is not registered and has no address")
 
     async def close(self) -> None:
+        self._closed = True
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             await connection.close()

@@ -11,10 +11,13 @@ async with tally.Client("sqlite:///path/meta.db") as client:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import random
 import ssl
 import time
+import weakref
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Self
@@ -41,6 +44,8 @@ from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
+
+log = logging.getLogger(__name__)
 
 
 def placement_policy(config: ClientConfig) -> PlacementPolicy:
@@ -71,6 +76,7 @@ class Client:
         self._rng = random.Random(seed)
         self._store: MetadataStore | None = None
         self._context: ClientContext | None = None
+        self._writers: weakref.WeakSet[LedgerWriter] = weakref.WeakSet()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -102,6 +108,18 @@ class Client:
         )
 
     async def close(self) -> None:
+        """Stop the writers left open first (they wait, bounded, for what they have in
+        flight and mark what failed, which needs both the bookies and the store), then
+        close the bookie connections, then the store."""
+        writers, self._writers = list(self._writers), weakref.WeakSet()
+        stopped = await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
+        for writer, outcome in zip(writers, stopped, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning(
+                    "ledger %s: its writer did not stop cleanly: %s", writer.ledger_id, outcome
+                )
+            elif isinstance(outcome, BaseException):
+                raise outcome
         if self._context is not None:
             await self._context.bookies.close()
             self._context = None
@@ -155,7 +173,9 @@ class Client:
             custom_metadata=custom_metadata,
         )
         record = await context.ledgers.create_ledger_metadata(ledger_id, metadata)
-        return LedgerWriter(context, record, password, advanced=advanced)
+        writer = LedgerWriter(context, record, password, advanced=advanced)
+        self._writers.add(writer)
+        return writer
 
     async def open_ledger(
         self, ledger_id: LedgerId | int | str, *, password: bytes = b"", recovery: bool = True

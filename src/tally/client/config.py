@@ -28,3 +28,8 @@ class ClientConfig:
     replacements, unless too few others are left (bookieQuarantineTime)."""
     ensemble_change_retries: int = 10
     """Metadata CAS attempts for one ensemble change before the writer gives up."""
+    close_copies_timeout: float = 10.0
+    """Seconds a closing writer (or a closing client, for the writers left open) waits for
+    the copies still in flight beyond the ack quorum; the ledger is marked under-replicated
+    for those that fail or stay silent. The default is `add_entry_timeout`'s, by which a
+    copy sent has answered or timed out anyway."""

@@ -13,7 +13,11 @@ recovering it: the writer stops with LedgerFenced or LedgerClosed.
 
 A write error after an entry was confirmed is not ignored (BP-31): the bookie is replaced
 before the next add, and the ledger is marked under-replicated for it when the writer
-closes, since the old segment keeps the missing copy.
+closes, since the old segment keeps the missing copy. For the same reason a close waits,
+up to `close_copies_timeout`, for the copies still in flight beyond the ack quorum, and
+counts those that fail or stay silent as missing: closing the connections right after
+would otherwise cut them unseen. A client that closes does the same for its writers left
+open, before it closes its connections, and leaves their ledgers open for recovery.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import asyncio
 import logging
 import time
 from functools import partial
+from typing import Any
 
 from tally.client.context import ClientContext
 from tally.core.digest import mac_key, master_key
@@ -87,6 +92,10 @@ class LedgerWriter:
         self._replace: set[int] = set()
         """Positions whose bookie failed: replace them before sending anything new."""
         self._under_replicated: set[str] = set()
+        self._settling = False
+        """No add is left to confirm: answers now only settle the copies beyond AQ."""
+        self._settled: asyncio.Future[None] | None = None
+        """Resolved once no copy is in flight, while a close waits for that."""
         self._last_add_time = time.monotonic()
         self._lac_sent = -1
         self._lac_task = (
@@ -182,15 +191,20 @@ class LedgerWriter:
             return
         bookie = self._ensemble[position]
         connection = self._context.bookies.cached(bookie)
+        encoded = self._entries[entry_id]
         if connection is None:
             asyncio.get_running_loop().create_task(
-                self._send_after_dial(entry_id, position, bookie)
+                self._send_after_dial(entry_id, position, bookie, encoded)
             )
             return
-        future = connection.add_nowait(self._entries[entry_id], self._master_key)
+        future = connection.add_nowait(encoded, self._master_key)
         future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
 
-    async def _send_after_dial(self, entry_id: int, position: int, bookie: str) -> None:
+    async def _send_after_dial(
+        self, entry_id: int, position: int, bookie: str, encoded: bytes
+    ) -> None:
+        """The entry is kept as sent: it may be confirmed by the other copies meanwhile,
+        and this one is still owed."""
         try:
             connection = await self._context.bookies.get(bookie)
         except TallyError as error:
@@ -199,8 +213,8 @@ class LedgerWriter:
             if self._bookie_of(entry_id, position) == bookie:
                 self._on_failure(entry_id, position, bookie, error)
             return
-        if entry_id in self._entries and self._bookie_of(entry_id, position) == bookie:
-            future = connection.add_nowait(self._entries[entry_id], self._master_key)
+        if self._bookie_of(entry_id, position) == bookie:
+            future = connection.add_nowait(encoded, self._master_key)
             future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
 
     def _bookie_of(self, entry_id: int, position: int) -> str:
@@ -214,17 +228,24 @@ class LedgerWriter:
     ) -> None:
         if future.cancelled():
             return
+        error = future.exception()  # retrieved even when it no longer counts
         if self._bookie_of(entry_id, position) != bookie:
             return  # an answer from a bookie replaced since: it no longer counts
-        error = future.exception()
         if error is None:
             self._pending.ack(entry_id, position)
             self._release()
+            self._wake_if_settled()
         else:
             assert isinstance(error, Exception)
             self._on_failure(entry_id, position, bookie, error)
 
     def _on_failure(self, entry_id: int, position: int, bookie: str, error: Exception) -> None:
+        if self._settling:
+            # A copy beyond AQ of a writer that closes: marked at its close, not replaced.
+            self._pending.failed(entry_id, position)
+            self._take_under_replicated()
+            self._wake_if_settled()
+            return
         if isinstance(error, _TERMINAL):
             self._fail_all(error)
             return
@@ -238,12 +259,20 @@ class LedgerWriter:
             )
         self._context.bookie_failed(bookie)
         self._pending.failed(entry_id, position)
-        for confirmed_id, failed_position in self._pending.take_under_replicated():
-            self._under_replicated.add(self._bookie_of(confirmed_id, failed_position))
+        self._take_under_replicated()
         if self._ensemble[position] == bookie:
             self._replace.add(position)
         self._start_ensemble_change()
         self._release()
+
+    def _take_under_replicated(self) -> None:
+        for confirmed_id, failed_position in self._pending.take_under_replicated():
+            self._under_replicated.add(self._bookie_of(confirmed_id, failed_position))
+
+    def _wake_if_settled(self) -> None:
+        settled = self._settled
+        if settled is not None and not settled.done() and not self._pending.copies_in_flight:
+            settled.set_result(None)
 
     def _release(self) -> None:
         if self._changing is not None or self._error is not None:
@@ -263,6 +292,12 @@ class LedgerWriter:
             if not waiter.done():
                 waiter.set_exception(self._error)
         self._waiters.clear()
+
+    def _stop_appends(self) -> None:
+        self._closed = True
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+        self._fail_held()
 
     def _fail_held(self) -> None:
         """Advanced appends still behind a gap at close were never sent, nor will be."""
@@ -383,20 +418,22 @@ class LedgerWriter:
     # -- closing ---------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Wait for the adds in flight, then CAS the ledger CLOSED at the LAC."""
+        """Wait for the adds in flight and, up to `close_copies_timeout`, for their copies
+        beyond the ack quorum; CAS the ledger CLOSED at the LAC; mark it under-replicated
+        for the copies that failed or stayed silent."""
         if self._closed:
             return
-        self._closed = True
-        if self._lac_task is not None:
-            self._lac_task.cancel()
-        self._fail_held()
+        self._stop_appends()
         pending = [w for w in self._waiters.values() if not w.done()]
         if pending and self._error is None:
             await asyncio.gather(*pending, return_exceptions=True)
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
         if isinstance(self._error, _TERMINAL):
+            self._settling = True  # its copies no longer matter to this writer
             raise self._error  # not (or no longer) the ledger's writer: its LAC is no end
+        deadline = asyncio.get_running_loop().time() + self._context.config.close_copies_timeout
+        await self._settle_copies(deadline)
         last, length = self._pending.last_add_confirmed, self._confirmed_length
         context = self._context
         while True:
@@ -415,13 +452,71 @@ class LedgerWriter:
                     raise LedgerFenced(
                         f"ledger {self.ledger_id} is being recovered by another client"
                     ) from None
+        await self._mark_under_replicated("closed")
+
+    async def stop(self) -> None:
+        """The client closes, this writer still open: wait up to `close_copies_timeout` for
+        its adds and copies in flight, fail the adds still unconfirmed, mark the ledger
+        under-replicated for the copies that failed or stayed silent, and leave the ledger
+        OPEN (its recovery closes it). Nothing once the writer is closed or closing."""
+        if self._closed:
+            return
+        self._stop_appends()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._context.config.close_copies_timeout
+        pending: list[asyncio.Future[Any]] = [w for w in self._waiters.values() if not w.done()]
+        if self._changing is not None:
+            pending.append(self._changing)
+        if pending and self._error is None:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        if self._changing is not None:
+            # Cut short: its CAS may or may not have landed, which a recovery reads anyway.
+            self._changing.cancel()
+            await asyncio.gather(self._changing, return_exceptions=True)
+        stopped = IllegalOperation(f"ledger {self.ledger_id}: its client was closed")
+        if any(not w.done() for w in self._waiters.values()):
+            self._fail_all(stopped)  # these adds did fail: logged
+        elif self._error is None:
+            self._error = stopped
+        if isinstance(self._error, _TERMINAL):
+            self._settling = True
+            return  # another client took the ledger over: its copies are that one's
+        await self._settle_copies(deadline)
+        await self._mark_under_replicated("left open by its closing client")
+
+    async def _settle_copies(self, deadline: float) -> None:
+        """Wait until `deadline` for the copies in flight beyond the ack quorum; the silent
+        ones are then counted as missing, as a bookie that did not answer may lack them."""
+        self._settling = True
+        if self._pending.copies_in_flight:
+            self._settled = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._settled
+            except TimeoutError:
+                pass
+            finally:
+                self._settled = None
+        silent = self._pending.give_up()
+        if silent:
+            log.warning(
+                "ledger %s: %d copies beyond the ack quorum did not answer before the close "
+                "(on %s)",
+                self.ledger_id,
+                len(silent),
+                sorted({self._bookie_of(e, p) for e, p in silent}),
+            )
+        self._take_under_replicated()
+
+    async def _mark_under_replicated(self, how: str) -> None:
         if self._under_replicated:
-            await context.under_replication.mark_under_replicated(
+            await self._context.under_replication.mark_under_replicated(
                 self.ledger_id, self._under_replicated
             )
             log.warning(
-                "ledger %s closed with copies missing on %s: marked under-replicated",
+                "ledger %s %s with copies missing on %s: marked under-replicated",
                 self.ledger_id,
+                how,
                 sorted(self._under_replicated),
             )
 

@@ -200,6 +200,9 @@ class _Add:
     def settled(self) -> bool:
         return len(self.acked) + len(self.failed) == len(self.write_set)
 
+    def unanswered(self) -> list[int]:
+        return sorted(p for p in self.write_set if p not in self.acked and p not in self.failed)
+
 
 class PendingAdds:
     """A writer's adds in flight: acks per entry, confirmation at AQ, strictly in order.
@@ -219,6 +222,11 @@ class PendingAdds:
     Write errors on entries that are confirmed, or get confirmed despite them (WQ > AQ), are
     not ignored: they are collected for `take_under_replicated`, as the new segment cannot
     cover entries at or below the LAC.
+
+    A confirmed entry's copies beyond AQ may still be in flight: the entry is kept until
+    each has answered. A closing writer waits for them (`copies_in_flight`), and when it
+    can wait no longer, `give_up` counts the silent ones as failed, since a bookie that did
+    not answer may not have the copy; they are then reported like any other such error.
     """
 
     def __init__(
@@ -239,6 +247,7 @@ class PendingAdds:
         self._next_entry_id = last_add_confirmed + 1
         self._adds: dict[int, _Add] = {}
         self._under_replicated: set[tuple[int, int]] = set()
+        self._in_flight = 0
 
     @property
     def last_add_confirmed(self) -> int:
@@ -247,6 +256,11 @@ class PendingAdds:
     @property
     def next_entry_id(self) -> int:
         return self._next_entry_id
+
+    @property
+    def copies_in_flight(self) -> int:
+        """Copies of confirmed entries that have not answered yet."""
+        return self._in_flight
 
     @property
     def failed_positions(self) -> frozenset[int]:
@@ -271,9 +285,11 @@ class PendingAdds:
     def ack(self, entry_id: int, position: int) -> None:
         """Record that the bookie at `position` stored `entry_id` (repeats are harmless)."""
         add = self._lookup(entry_id, position)
-        if add is None or position in add.failed:
+        if add is None or position in add.failed or position in add.acked:
             return
         add.acked.add(position)
+        if entry_id <= self._lac:
+            self._in_flight -= 1
         self._forget_if_done(entry_id, add)
 
     def failed(self, entry_id: int, position: int) -> None:
@@ -283,6 +299,7 @@ class PendingAdds:
             return
         add.failed.add(position)
         if entry_id <= self._lac:
+            self._in_flight -= 1
             self._under_replicated.add((entry_id, position))
         self._forget_if_done(entry_id, add)
 
@@ -294,6 +311,7 @@ class PendingAdds:
         ):
             self._lac += 1
             released.append(self._lac)
+            self._in_flight += len(add.write_set) - len(add.acked) - len(add.failed)
             self._under_replicated.update((self._lac, position) for position in add.failed)
             self._forget_if_done(self._lac, add)
         return tuple(released)
@@ -311,6 +329,23 @@ class PendingAdds:
                 add.failed.discard(position)
                 resend.append(entry_id)
         return tuple(resend)
+
+    def unanswered(self) -> tuple[tuple[int, int], ...]:
+        """(entry, position) pairs of the confirmed entries' copies in flight, in order."""
+        return tuple(
+            (entry_id, position)
+            for entry_id, add in sorted(self._adds.items())
+            if entry_id <= self._lac
+            for position in add.unanswered()
+        )
+
+    def give_up(self) -> tuple[tuple[int, int], ...]:
+        """Count the confirmed entries' copies in flight as failed (for
+        `take_under_replicated`), as a writer that stops waiting must; returns them."""
+        given_up = self.unanswered()
+        for entry_id, position in given_up:
+            self.failed(entry_id, position)
+        return given_up
 
     def take_under_replicated(self) -> tuple[tuple[int, int], ...]:
         """(entry, position) pairs of confirmed entries whose copy there failed, once each."""
