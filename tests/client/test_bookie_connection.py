@@ -50,8 +50,8 @@ from tally.core.protocol import (
     WriteLacResponse,
     encode_availability_dump,
 )
-from tests.support.async_tests import until
 from tests.support.fake_bookie import FakeBookie, FakeConnection, fake_bookie
+from tests.support.polling import until
 
 DEADLINE = 15.0
 KEY = master_key(b"secret")

@@ -22,8 +22,8 @@ from tally.core.protocol import AddRequest, Request
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.underreplication import UnderReplicationManager
-from tests.support.async_tests import until
 from tests.support.fake_bookie import FakeBookie, FakeCluster, fake_cluster
+from tests.support.polling import until
 
 PASSWORD = b"writer"
 CONFIG = ClientConfig(explicit_lac_interval=0)

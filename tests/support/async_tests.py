@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -21,11 +19,3 @@ def run_if_async(pyfuncitem: pytest.Function, deadline: float) -> bool | None:
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), deadline))
     return True
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait for `condition` to hold, looking at it every couple of milliseconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.002)

@@ -44,7 +44,8 @@ from tally.core.protocol import (
 )
 from tally.metadata.bookie_registry import BookieInfo, BookieRegistry
 from tally.metadata.cluster import init_cluster
-from tally.metadata.store import MetadataStore, open_store
+from tally.metadata.store import MetadataStore
+from tally.metadata.stores import open_store
 
 
 class FakeBookie:

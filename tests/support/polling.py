@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 Condition = Callable[[], object] | Callable[[], Awaitable[object]]
 
 DEFAULT_TIMEOUT = 10.0
-STEP = 0.02
+STEP = 0.005
 
 
 async def until(

@@ -9,14 +9,14 @@ made redundant.
 Files (journal_files.py): every `start()` writes a new file, as does a rollover when the
 next batch would take the current file past `file_size`. No file is written again after a
 restart, so a tail torn by a crash is never written over or after. The bytes of files and
-records, and how replay tells a torn tail from damage, are journal_format.py's. Replay reads every file but the last up to the end of its records that
-its successor's header recorded, and the last one up to its first bad record that no valid
-record follows (a torn write). Damage, a bad stretch before that, is logged and listed in
-`damage`, and replay goes on after it: the bookie cannot know which records it lost, so it
-treats the ledgers of that file as in limbo (limbo.py) rather than forget the records after
-the damage. A torn write and a disk that corrupted the last acknowledged records look the
-same; nothing short of a second copy can tell them apart, which is what the other bookies
-of the write quorum are.
+records, and how replay tells a torn tail from damage, are journal_format.py's. Replay reads
+every file but the last up to the end of its records that its successor's header recorded,
+and the last one up to its first bad record that no valid record follows (a torn write).
+Damage, a bad stretch before that, is logged and listed in `damage`, and replay goes on
+after it: the bookie cannot know which records it lost, so it treats the ledgers of that
+file as in limbo (limbo.py) rather than forget the records after the damage. A torn write
+and a disk that corrupted the last acknowledged records look the same; nothing short of a
+second copy can tell them apart, which is what the other bookies of the write quorum are.
 
 Preallocation: `posix_fallocate` reserves the file `preallocate_size` at a time ahead of
 the writes, so every record lands inside the file's size: fdatasync has no size change to
