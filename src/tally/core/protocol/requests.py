@@ -1,0 +1,202 @@
+"""The requests a client sends a bookie, each encoding itself into one frame."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeAlias
+
+from tally.core.digest import crc32c
+from tally.core.entry_format import peek_header
+from tally.core.errors import BadDigest, BadRequest
+from tally.core.ids import LedgerId
+from tally.core.protocol.wire import (
+    ADD,
+    DO_FENCING,
+    I64,
+    KEY_AND_LAC,
+    LENGTH,
+    MAX_FRAME_SIZE,
+    NO_FLAGS,
+    NO_LEDGER,
+    RECOVERY_ADD,
+    U32,
+    VERSION,
+    EntryBytes,
+    Operation,
+    check_header_fields,
+    check_int,
+    check_master_key,
+    request_frame,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Store one entry. The ledger and entry ids are read from the entry itself, so a request
+    cannot name other ids than the bytes it carries.
+
+    `crc32c` is the client's CRC32C of `entry`; build with `for_entry` to compute it. The
+    bookie checks it before it journals anything (end-to-end checksum; `verify_crc` is
+    that check). The frame adds 72 bytes to the entry, so entries up to
+    `max_frame_size - 72` fit.
+    """
+
+    operation: ClassVar[Operation] = Operation.ADD
+    request_id: int
+    entry: EntryBytes
+    master_key: bytes
+    crc32c: int
+    recovery: bool = False
+    """RECOVERY_ADD: a recovering client re-replicates; allowed on a fenced ledger."""
+    ledger_id: LedgerId = field(init=False)
+    entry_id: int = field(init=False)
+    last_add_confirmed: int = field(init=False)
+    """The LAC the writer piggy-backed on the entry."""
+
+    def __post_init__(self) -> None:
+        if type(self.entry) is not bytes and type(self.entry) is not memoryview:
+            raise BadRequest(
+                f"an ADD's entry must be bytes or a memoryview, not {type(self.entry).__name__}"
+            )
+        head = peek_header(self.entry)
+        object.__setattr__(self, "ledger_id", head.ledger_id)
+        object.__setattr__(self, "entry_id", head.entry_id)
+        object.__setattr__(self, "last_add_confirmed", head.last_add_confirmed)
+
+    @classmethod
+    def for_entry(
+        cls, request_id: int, entry: bytes, master_key: bytes, recovery: bool = False
+    ) -> AddRequest:
+        """The client's way in: an ADD of the encoded `entry` with its CRC32C computed."""
+        return cls(request_id, entry, master_key, crc32c(entry), recovery)
+
+    def verify_crc(self) -> None:
+        """Raise BadDigest unless the entry's bytes have the CRC32C the client computed."""
+        actual = crc32c(self.entry)
+        if actual != self.crc32c:
+            raise BadDigest(
+                f"ADD of ledger {self.ledger_id} entry {self.entry_id} (request "
+                f"{self.request_id}): the {len(self.entry)} entry bytes have CRC32C "
+                f"0x{actual:08x}, the client sent 0x{self.crc32c:08x}"
+            )
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        size = ADD.size - LENGTH.size + len(self.entry)
+        check_header_fields(self, size, max_frame_size)
+        check_master_key(self.master_key, self)
+        check_int(self.crc32c, 0, U32, "crc32c", self)
+        ledger_id = self.ledger_id
+        head = ADD.pack(
+            size,
+            VERSION,
+            self.operation,
+            RECOVERY_ADD if self.recovery else 0,
+            self.request_id,
+            ledger_id.scope,
+            ledger_id.id,
+            self.entry_id,
+            self.master_key,
+            self.crc32c,
+        )
+        return head + self.entry
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """Read one entry; entry id -1 asks for the last entry the bookie has (its LAC entry).
+
+    With a `master_key` it is a fencing read (DO_FENCING): the bookie fences the ledger
+    first, after checking the key against the one the ledger's first add fixed.
+    """
+
+    operation: ClassVar[Operation] = Operation.READ
+    request_id: int
+    ledger_id: LedgerId
+    entry_id: int
+    master_key: bytes | None = None
+
+    @property
+    def do_fencing(self) -> bool:
+        return self.master_key is not None
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        if self.master_key is None:
+            return request_frame(self, NO_FLAGS, b"", max_frame_size)
+        check_master_key(self.master_key, self)
+        return request_frame(self, DO_FENCING, self.master_key, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class _LedgerQuery:
+    """A request that names one ledger and carries no body; subclasses set the operation."""
+
+    operation: ClassVar[Operation]
+    request_id: int
+    ledger_id: LedgerId
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        return request_frame(self, NO_FLAGS, b"", max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest(_LedgerQuery):
+    """Ask for the LAC the bookie knows: the larger of the explicit and the piggy-backed one."""
+
+    operation: ClassVar[Operation] = Operation.READ_LAC
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacRequest:
+    """Tell the bookie the ledger's LAC explicitly (the writer's key proves who says so)."""
+
+    operation: ClassVar[Operation] = Operation.WRITE_LAC
+    request_id: int
+    ledger_id: LedgerId
+    master_key: bytes
+    last_add_confirmed: int
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        check_master_key(self.master_key, self)
+        check_int(self.last_add_confirmed, -1, I64, "LAC", self)
+        body = KEY_AND_LAC.pack(self.master_key, self.last_add_confirmed)
+        return request_frame(self, NO_FLAGS, body, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class GetListOfEntriesOfLedgerRequest(_LedgerQuery):
+    """Ask which entries of a ledger the bookie's index has (BP-34), as availability bytes."""
+
+    operation: ClassVar[Operation] = Operation.GET_LIST_OF_ENTRIES_OF_LEDGER
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityDumpRequest:
+    """Ask for every ledger the bookie holds with its availability (the audit's input)."""
+
+    operation: ClassVar[Operation] = Operation.AVAILABILITY_DUMP
+    request_id: int
+    ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        return request_frame(self, NO_FLAGS, b"", max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerInfoRequest(_LedgerQuery):
+    """Ask what the bookie knows of one ledger: fenced, LAC, entries and bytes stored."""
+
+    operation: ClassVar[Operation] = Operation.LEDGER_INFO
+
+
+Request: TypeAlias = (
+    AddRequest
+    | ReadRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | GetListOfEntriesOfLedgerRequest
+    | AvailabilityDumpRequest
+    | LedgerInfoRequest
+)
