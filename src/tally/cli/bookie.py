@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 from pathlib import Path
@@ -52,6 +53,10 @@ def run(
                 "metrics_port": metrics_port,
             },
         )
+        if settings.metrics_port is not None:
+            # Now, before the store session starts: its seconds of imports, made in the
+            # event loop, would hold up the session's heartbeat on a loaded machine.
+            importlib.import_module("tally.http.admin")
         asyncio.run(_serve(settings))
     except TallyError as error:
         typer.echo(f"tally bookie: {error}", err=True)
