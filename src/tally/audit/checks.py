@@ -134,6 +134,7 @@ def run_audit(
         raise BadRequest(f"grace period {grace_period_ms} ms is negative")
     if min_racks < 1:
         raise BadRequest(f"min racks must be at least 1, got {min_racks}")
+    schema.require_snapshot(snapshot)
     now = _snapshot_time(snapshot) if now_ms is None else now_ms
     timings: dict[str, float] = {}
     started = time.perf_counter()

@@ -1,8 +1,9 @@
 """`tally bookie`: run one bookie in the foreground until SIGINT or SIGTERM.
 
-Its exit status tells a service manager what to do: 0 after SIGINT or SIGTERM, 2 when it
-cannot start, EXIT_SESSION_LOST (75) when it stopped on a lost metadata store session,
-which a restart cures.
+Its exit status tells a service manager what to do: 0 after SIGINT or SIGTERM;
+EXIT_SESSION_LOST (75) when it stopped on a lost metadata store session, which a restart
+cures; 2 when its settings, its directories or the cluster refuse it; 1 on any other
+failure (such as a data directory it cannot use).
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ def run(
         int | None,
         typer.Option(help="Serve the admin HTTP API and Prometheus /metrics on this port."),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file with a [bookie] section.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML file with a \\[bookie] section.")
+    ] = None,
 ) -> None:
     """Run a bookie: the storage server of a tally cluster.
 
-    Exit status: 0 after SIGINT or SIGTERM; 2 when it cannot start; 75 when it lost its
-    metadata store session (paused or cut off past its session timeout): start it again.
+    Exit status: 0 after SIGINT or SIGTERM; 1 on a failure;
+    2 when its settings or the cluster refuse it;
+    75 when it lost its metadata store session (paused too long): start it again.
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
