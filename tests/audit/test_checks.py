@@ -4,6 +4,7 @@ synthetic ones checked against their truth.json and against `audit_ledger`, ledg
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tally.audit import schema
 from tally.audit.checks import run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
+from tally.cli.main import app as tally_app
 from tally.core.availability import EntryAvailability
 from tally.core.ledger_audit import Category, audit_ledger
 from tally.core.schedule import write_set
@@ -393,3 +395,22 @@ def test_the_command_line_refuses_a_bad_duration(handmade: Path, tmp_path: Path)
     )
     assert done.exit_code != 0
     assert "is not a duration" in done.output
+
+
+def test_a_spark_failure_ends_the_command_in_one_line(
+    spark: SparkSession, handmade: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "snapshot"
+    shutil.copytree(handmade, broken)
+    parts = list((broken / schema.LEDGERS).rglob("*.parquet"))
+    assert parts
+    for part in parts:
+        part.write_bytes(b"not a parquet file")
+    done = CliRunner().invoke(
+        tally_app, ["audit", "run", "--snapshot", str(broken), "--out", str(tmp_path / "out")]
+    )
+    assert done.exit_code == 1
+    assert "Traceback" not in done.output
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: Spark failed: "), line
+    assert "tally --debug" in line

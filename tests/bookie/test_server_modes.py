@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import time
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 
 import tally.bookie.server
+from tally.bookie import EXIT_SESSION_LOST
 from tally.core.errors import (
     BookieUnavailable,
     MetadataStoreError,
@@ -78,6 +80,33 @@ async def test_the_registration_dies_with_a_killed_bookie(cluster: str, tmp_path
             assert not await gone()
             assert bookie.stop() == 0
             assert await gone()  # ... and a clean stop unregisters at once
+
+
+async def test_a_bookie_paused_past_its_session_exits_asking_for_a_restart(
+    cluster: str, tmp_path: Path
+) -> None:
+    session_timeout = 2 * SESSION_TIMEOUT  # no lapse while a loaded machine starts it
+    bookie = BookieUnderTest(
+        cluster, tmp_path / "bookie", settings={"session_timeout": session_timeout}
+    )
+    async with store_session(cluster) as store:
+        registry = BookieRegistry(store)
+
+        async def gone() -> bool:
+            return bookie.address not in await registry.writable_bookies()
+
+        with running(bookie):
+            assert bookie.process is not None
+            bookie.signal(signal.SIGSTOP)
+            try:  # paused until its lease has run out and been swept
+                await until(gone, "registration gone", timeout=3 * session_timeout)
+            finally:
+                bookie.signal(signal.SIGCONT)
+            code = await asyncio.to_thread(bookie.process.wait, 2 * session_timeout)
+        assert code == EXIT_SESSION_LOST, bookie.log()
+        assert "tally bookie: stopped: it lost its metadata store session" in bookie.log()
+        assert "start it again" in bookie.log()
+        assert await gone()
 
 
 async def test_stop_closes_the_metrics_endpoint(tmp_path: Path) -> None:

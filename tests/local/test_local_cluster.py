@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from tally.bookie import EXIT_SESSION_LOST
 from tally.cli.main import app
 from tally.core.errors import BadRequest, MalformedData
 from tally.local.processes import is_running, start_token
 from tally.local.state import BookieSlot, LocalState, ProcessRecord, plan_bookies
+from tally.local.supervisor import RestartBudget
 from tests.support.polling import wait_until
 from tests.support.processes import tally
 
@@ -272,6 +274,51 @@ def test_bookies_of_a_killed_supervisor_are_stopped_and_a_failed_start_is_report
     code, after = status(data_dir)
     assert code == 1
     assert not any(b["running"] for b in after["bookies"])
+
+
+def test_a_bookie_paused_past_its_session_is_restarted_and_registers_again(
+    data_dir: Path,
+) -> None:
+    up = Up(data_dir, "--bookies", "2", "--racks", "1")
+    up.wait_for("tally local cluster ready")
+    paused = bookie(status(data_dir)[1], 1)
+    os.kill(paused["pid"], signal.SIGSTOP)
+    try:  # paused until its lease has run out and been swept
+        wait_until(
+            lambda: bookie(status(data_dir)[1], 1)["registered"] is None,
+            "the paused bookie's registration lapsing",
+            timeout=WAIT,
+            step=0.1,
+        )
+    finally:
+        os.kill(paused["pid"], signal.SIGCONT)
+    up.wait_for(
+        f"bookie-1 (pid {paused['pid']}) exited: exit code {EXIT_SESSION_LOST}. It lost its "
+        "metadata store session: starting it again (restart 1 of at most 3"
+    )
+    up.wait_for("| tally bookie: stopped: it lost its metadata store session")  # its log's end
+    up.wait_for("bookie-1 starting again (pid ")
+
+    def back() -> bool:
+        now = bookie(status(data_dir)[1], 1)
+        return now["running"] and now["registered"] == "writable" and now["pid"] != paused["pid"]
+
+    wait_until(back, "the restarted bookie registered again", timeout=WAIT, step=0.1)
+    up.wait_for("bookie-1 ready (pid ")
+    report = status(data_dir)[1]
+    assert bookie(report, 1)["bookie_id"] == paused["bookie_id"]
+    assert bookie(report, 2)["registered"] == "writable"
+    assert "It stays down" not in up.output
+
+
+def test_automatic_restarts_are_bounded_within_a_window() -> None:
+    budget = RestartBudget(limit=3, window=60.0)
+    assert [budget.take("bookie-1", t) for t in (0.0, 10.0, 20.0)] == [1, 2, 3]
+    assert budget.take("bookie-1", 30.0) is None  # a fault that repeats: it stays down
+    assert budget.take("bookie-2", 30.0) == 1  # each process has its own budget
+    assert budget.take("bookie-1", 59.9) is None
+    assert budget.take("bookie-1", 60.0) == 3  # the first one has left the window
+    assert budget.take("bookie-1", 61.0) is None
 
 
 # --- refusals ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ answer is not judged anywhere: its (possibly partial) dump is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -71,28 +72,47 @@ _STANDIN_MASTER_KEY = bytes(MASTER_KEY_SIZE)
 def spark_session(master: str = "local[*]", *, memory: str = "4g") -> SparkSession:
     """A session for the audit: no UI, quiet logs, Arrow on, workers on this interpreter.
 
-    `memory` sizes the driver (which is also the executor in local mode); it only takes
-    effect if this call starts the JVM.
+    Every part of tally that runs Spark starts its session here. `memory` sizes the driver
+    (which is also the executor in local mode); it only takes effect if this call starts
+    the JVM.
     """
     cores = os.cpu_count() or 2
     builder: Any = SparkSession.builder
-    session: SparkSession = (
-        builder.master(master)
-        .appName("tally-audit")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "ERROR")
-        .config("spark.driver.memory", memory)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", str(max(4, 2 * cores)))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(BATCH_ROWS))
-        .config("spark.pyspark.python", sys.executable)
-        .getOrCreate()
-    )
+    with _python_workers(master):
+        session: SparkSession = (
+            builder.master(master)
+            .appName("tally-audit")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.log.level", "ERROR")
+            .config("spark.driver.memory", memory)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.shuffle.partitions", str(max(4, 2 * cores)))
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(BATCH_ROWS))
+            .getOrCreate()
+        )
     return session
+
+
+@contextlib.contextmanager
+def _python_workers(master: str) -> Iterator[None]:
+    """Local Spark workers run on this interpreter, which can import tally.
+
+    PySpark takes the workers' interpreter from PYSPARK_PYTHON when the context starts, or
+    else `python3` from PATH, which need not be this environment's (it ignores
+    `spark.pyspark.python` in-process). An explicit PYSPARK_PYTHON is left as it is.
+    """
+    if not master.startswith("local") or os.environ.get("PYSPARK_PYTHON"):
+        yield
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        yield
+    finally:
+        os.environ.pop("PYSPARK_PYTHON", None)
 
 
 def run_audit(
@@ -114,6 +134,7 @@ def run_audit(
         raise BadRequest(f"grace period {grace_period_ms} ms is negative")
     if min_racks < 1:
         raise BadRequest(f"min racks must be at least 1, got {min_racks}")
+    schema.require_snapshot(snapshot)
     now = _snapshot_time(snapshot) if now_ms is None else now_ms
     timings: dict[str, float] = {}
     started = time.perf_counter()

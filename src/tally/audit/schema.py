@@ -11,9 +11,11 @@ type that Spark reads, so each half is stored as the int64 with the same bits
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 
 import pyarrow as pa
 
+from tally.core.errors import BadRequest
 from tally.core.ids import UINT64_MAX
 
 FORMAT_VERSION = 1
@@ -24,7 +26,8 @@ BOOKIES = "bookies"
 AVAILABILITY = "availability"
 SNAPSHOT_JSON = "snapshot.json"
 TRUTH_JSON = "truth.json"
-SNAPSHOT_PARTS = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY, SNAPSHOT_JSON)
+SNAPSHOT_TABLES = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY)
+SNAPSHOT_PARTS = (*SNAPSHOT_TABLES, SNAPSHOT_JSON)
 """What a snapshot directory holds."""
 
 VIOLATIONS = "violations"
@@ -104,6 +107,17 @@ class BookieState(enum.Enum):
     WRITABLE = "writable"
     READONLY = "readonly"
     UNREGISTERED = "unregistered"
+
+
+def require_snapshot(path: Path) -> None:
+    """BadRequest unless `path` holds a snapshot's tables: cheap to ask before Spark starts."""
+    missing = [table for table in SNAPSHOT_TABLES if not (path / table).is_dir()]
+    if missing:
+        found = "no such directory" if not path.is_dir() else f"no {', '.join(missing)} in it"
+        raise BadRequest(
+            f"no audit snapshot at {path} ({found}): take one with `tally audit snapshot "
+            f"--metadata URI --out {path}` (or `tally audit synth` for a synthetic one)"
+        )
 
 
 def to_int64(half: int) -> int:

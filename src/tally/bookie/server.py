@@ -99,6 +99,8 @@ class Bookie:
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
+        self.lost_session = False
+        """Whether it stopped because its metadata store session was lost, not on request."""
         self._registered_mode: BookieMode | None = None
         retained = min(2 * config.write_cache_max_bytes, MAX_RETAINED_ARENA_BYTES)
         self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
@@ -294,6 +296,7 @@ class Bookie:
         """Without a session the bookie's registration is gone: stop rather than serve
         unseen (a supervisor restarts it with a new session)."""
         log.error("bookie %s lost its metadata store session; stopping", self.bookie_id)
+        self.lost_session = True
         asyncio.get_running_loop().create_task(self.stop())
 
     # -- background work ---------------------------------------------------------------

@@ -86,6 +86,7 @@ def run(
 
     grace_period_ms = parse_duration_ms(grace_period)
     with _failures():
+        schema.require_snapshot(snapshot)
         started_here = SparkSession.getActiveSession() is None
         with _err.status(f"starting Spark ({master})"):
             spark = spark_session(master)

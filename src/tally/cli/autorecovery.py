@@ -36,7 +36,7 @@ def run(
         ),
     ] = None,
     config: Annotated[
-        Path | None, typer.Option(help="TOML file with an [autorecovery] section.")
+        Path | None, typer.Option(help="TOML file with an \\[autorecovery] section.")
     ] = None,
 ) -> None:
     """Run auto-recovery: the auditor (when elected) and a replication worker."""

@@ -1,8 +1,15 @@
-"""`tally bookie`: run one bookie in the foreground until SIGINT or SIGTERM."""
+"""`tally bookie`: run one bookie in the foreground until SIGINT or SIGTERM.
+
+Its exit status tells a service manager what to do: 0 after SIGINT or SIGTERM;
+EXIT_SESSION_LOST (75) when it stopped on a lost metadata store session, which a restart
+cures; 2 when its settings, its directories or the cluster refuse it; 1 on any other
+failure (such as a data directory it cannot use).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 from pathlib import Path
@@ -11,10 +18,11 @@ from typing import Annotated
 import typer
 from prometheus_client import CollectorRegistry
 
+from tally.bookie import EXIT_SESSION_LOST
 from tally.bookie.config import BookieConfig
 from tally.bookie.server import Bookie, tune_garbage_collector
 from tally.config import load
-from tally.core.errors import TallyError
+from tally.core.errors import SessionExpired, TallyError
 from tally.metadata.store import MetadataStore
 
 
@@ -32,9 +40,16 @@ def run(
         int | None,
         typer.Option(help="Serve the admin HTTP API and Prometheus /metrics on this port."),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file with a [bookie] section.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML file with a \\[bookie] section.")
+    ] = None,
 ) -> None:
-    """Run a bookie: the storage server of a tally cluster."""
+    """Run a bookie: the storage server of a tally cluster.
+
+    Exit status: 0 after SIGINT or SIGTERM; 1 on a failure;
+    2 when its settings or the cluster refuse it;
+    75 when it lost its metadata store session (paused too long): start it again.
+    """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -52,17 +67,29 @@ def run(
                 "metrics_port": metrics_port,
             },
         )
-        asyncio.run(_serve(settings))
+        if settings.metrics_port is not None:
+            # Now, before the store session starts: its seconds of imports, made in the
+            # event loop, would hold up the session's heartbeat on a loaded machine.
+            importlib.import_module("tally.http.admin")
+        lost_session = asyncio.run(_serve(settings))
+    except SessionExpired:  # lost while starting: a new start is the cure all the same
+        lost_session = True
     except TallyError as error:
         typer.echo(f"tally bookie: {error}", err=True)
         raise typer.Exit(code=2) from None
+    if lost_session:
+        typer.echo(
+            "tally bookie: stopped: it lost its metadata store session (paused or cut off for "
+            f"longer than its session timeout of {settings.session_timeout:g}s), so its "
+            "registration is gone and it will not serve unseen; start it again "
+            f"(exit status {EXIT_SESSION_LOST})",
+            err=True,
+        )
+        raise typer.Exit(code=EXIT_SESSION_LOST)
 
 
-async def _serve(settings: BookieConfig) -> None:
-    if settings.metrics_port is not None:
-        # Before the metadata session starts: on a loaded machine, importing FastAPI inside
-        # it stalled the event loop past a short session timeout.
-        import tally.http.admin  # noqa: F401
+async def _serve(settings: BookieConfig) -> bool:
+    """Serve until stopped; whether it stopped on a lost metadata store session."""
     bookie = Bookie(settings, admin_http=admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -75,6 +102,7 @@ async def _serve(settings: BookieConfig) -> None:
     tune_garbage_collector()
     print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
     await bookie.wait_stopped()
+    return bookie.lost_session
 
 
 async def admin_http(

@@ -27,7 +27,7 @@ Metadata = Annotated[
     str,
     typer.Option(
         "--metadata",
-        help="Metadata store URI: sqlite:///path/meta.db, zk://host:port[/chroot] or memory://.",
+        help="Metadata store URI: sqlite:///path/meta.db, zk://host:port\\[/chroot] or memory://.",
         show_default=False,
     ),
 ]

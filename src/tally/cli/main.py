@@ -1,12 +1,19 @@
-"""The root of the `tally` command; each face registers its sub-commands here."""
+"""The root of the `tally` command; each face registers its sub-commands here.
+
+A command that fails ends in one line on stderr (tally.cli.failures), not a traceback.
+"""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 from tally.cli import audit, autorecovery, bench, bookie, cluster, cluster_demo, demo, local, shell
+from tally.cli.failures import OneLineFailures
 
 app = typer.Typer(
+    cls=OneLineFailures,
     name="tally",
     help="tally: a durable, replicated log store built on the design of Apache BookKeeper.",
     no_args_is_help=True,
@@ -24,7 +31,16 @@ app.add_typer(audit.app, name="audit")
 
 
 @app.callback()
-def main() -> None:
+def main(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="TALLY_DEBUG",
+            help="Show a failed command's traceback instead of its one-line message.",
+        ),
+    ] = False,
+) -> None:
     """tally: a durable, replicated log store built on the design of Apache BookKeeper."""
 
 

@@ -9,9 +9,11 @@ server) is a function building its Service from the state, added to `services`.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tally.bookie import EXIT_SESSION_LOST
 from tally.local.processes import log_since
 from tally.local.state import BookieSlot, LocalState, ProcessRecord
 
@@ -27,6 +29,9 @@ class Service:
     """What its output holds once it serves (and not before)."""
     restart_hint: str
     """How an operator starts it again after it died."""
+    restart_on: Mapping[int, str] = field(default_factory=dict)
+    """The exit statuses after which a new start is the cure, each with what it means: the
+    supervisor starts it again by itself (a bounded number of times)."""
 
     def is_ready(self, run: ProcessRecord) -> bool:
         """True once this run (whose output starts at its log offset) said it serves."""
@@ -54,6 +59,7 @@ def bookie_service(state: LocalState, slot: BookieSlot, data_dir: Path) -> Servi
         log=slot.log,
         ready_text=f"bookie {slot.bookie_id} ready on ",
         restart_hint=f"tally local start-bookie {slot.index} --data-dir {data_dir}",
+        restart_on={EXIT_SESSION_LOST: "It lost its metadata store session"},
     )
 
 

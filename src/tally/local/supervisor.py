@@ -4,7 +4,10 @@ The supervisor is the parent of every process it runs, each in a process group o
 (so a Ctrl-C in the terminal reaches the supervisor alone, which then stops the others in
 order) with its output appended to its log. A process that dies is reported with its exit
 status and the end of its log, and stays down: restarting it silently would hide the crash
-that the operator of a durability system most needs to see. `tally local start-bookie`
+that the operator of a durability system most needs to see. Only an exit that says a new
+start is the cure (a bookie that lost its metadata session) is followed by a restart, and
+only a few times in a while, so that a fault that repeats still ends in an alarm and a
+process left down. `tally local start-bookie`
 asks for a restart by adding a start request to `local.json`, which the supervisor polls;
 so a restarted bookie is again the supervisor's child, whose exit status it can report
 and which it stops with the rest.
@@ -19,7 +22,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
 from typing import Protocol
@@ -45,6 +48,9 @@ up to twice its session timeout for its old registration to lapse."""
 STOP_TIMEOUT = 30.0
 """Seconds a process has to stop cleanly after SIGTERM before it gets SIGKILL."""
 POLL_INTERVAL = 0.2
+RESTARTS = 3
+RESTART_WINDOW = 600.0
+"""A process is restarted by itself at most RESTARTS times within RESTART_WINDOW seconds."""
 LOG_TAIL_LINES = 12
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -53,6 +59,27 @@ class Report(Protocol):
     """Where the supervisor tells what happens; `alarm` marks what went wrong."""
 
     def __call__(self, message: str, *, alarm: bool = False) -> None: ...
+
+
+@dataclass
+class RestartBudget:
+    """The automatic restarts each process has had lately, with time as an input: at most
+    `limit` within any `window` seconds."""
+
+    limit: int = RESTARTS
+    window: float = RESTART_WINDOW
+    _taken: dict[str, list[float]] = field(default_factory=dict)
+
+    def take(self, name: str, now: float) -> int | None:
+        """Count a restart of `name` at `now`: its number within the window, or None (and
+        nothing counted) when the budget is spent."""
+        recent = [at for at in self._taken.get(name, []) if now - at < self.window]
+        if len(recent) < self.limit:
+            recent.append(now)
+            self._taken[name] = recent
+            return len(recent)
+        self._taken[name] = recent
+        return None
 
 
 @dataclass
@@ -70,6 +97,7 @@ class Supervisor:
         self.data_dir = data_dir
         self.report = report
         self._children: dict[str, _Child] = {}
+        self._restarts = RestartBudget()
         self._stop_signal: int | None = None
         """Set by the signal handler alone: a plain attribute, as a lock taken there could be
         the one the interrupted code holds."""
@@ -97,7 +125,7 @@ class Supervisor:
             while self._stop_signal is None:
                 time.sleep(POLL_INTERVAL)
                 for child in self._watch():
-                    self._report_exit(child, f"It stays down: `{child.service.restart_hint}`")
+                    self._after_exit(child)
                 self._take_start_requests()
             return 0
         finally:
@@ -233,6 +261,37 @@ class Supervisor:
         if ended:
             self.data_dir.update(lambda s: _with_runs(s, ended))
         return ended
+
+    def _after_exit(self, child: _Child) -> None:
+        """Report a process that ended; start it again if its exit asks for that and its
+        restart budget allows, else leave it down."""
+        service = child.service
+        stays_down = f"It stays down: `{service.restart_hint}`"
+        code = child.run.exit_code
+        why = None if code is None else service.restart_on.get(code)
+        if why is None:
+            self._report_exit(child, stays_down)
+            return
+        count = self._restarts.take(service.name, time.monotonic())
+        if count is None:
+            self._report_exit(
+                child,
+                f"{why}, again: restarted {RESTARTS} times within {RESTART_WINDOW:.0f}s "
+                f"already. {stays_down}",
+            )
+            return
+        self._report_exit(
+            child,
+            f"{why}: starting it again (restart {count} of at most {RESTARTS} within "
+            f"{RESTART_WINDOW:.0f}s).",
+        )
+        try:
+            restarted = self._spawn(service)
+        except OSError as error:
+            self.report(f"{service.name} could not be started: {error}. {stays_down}", alarm=True)
+            return
+        self.data_dir.update(lambda s: s.with_process(service.name, restarted.run))
+        self.report(f"{service.name} starting again (pid {restarted.run.pid})")
 
     def _report_exit(self, child: _Child, consequence: str) -> None:
         service = child.service
