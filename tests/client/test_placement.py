@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
@@ -21,13 +20,10 @@ from tally.core.placement import (
     RackAwarePlacementPolicy,
     write_sets_on_enough_racks,
 )
-from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
-from tally.metadata.cluster import init_cluster
-from tally.metadata.store import MetadataStore, open_store
+from tests.support.registry import registered_bookies
 
 DEADLINE = 15.0
 NOT_ENFORCED = ClientConfig(enforce_min_num_racks_per_write_quorum=False)
-_names = itertools.count()
 
 B1, B2, B3, B4, B5, B6 = (f"127.0.0.1:{4181 + i}" for i in range(6))
 
@@ -36,28 +32,8 @@ B1, B2, B3, B4, B5, B6 = (f"127.0.0.1:{4181 + i}" for i in range(6))
 async def registry(
     racks: Mapping[str, str | None], read_only: frozenset[str] = frozenset()
 ) -> AsyncIterator[str]:
-    """A cluster whose bookies are registered (writable unless in `read_only`), each on its
-    rack (None: never set, as for a bookie started without --rack); its URI."""
-    uri = f"memory://client-placement-{next(_names)}"
-    store = open_store(uri)
-    await store.start()
-    sessions: list[MetadataStore] = []
-    try:
-        await init_cluster(store)
-        for bookie, rack in racks.items():
-            session = open_store(uri)
-            await session.start()
-            sessions.append(session)
-            await BookieRegistry(session).register(
-                bookie, BookieInfo(bookie, None, "test", 0), read_only=bookie in read_only
-            )
-            if rack is not None:
-                await BookieRegistry(store).set_placement(bookie, BookiePlacement(rack, "/zone"))
-        yield uri
-    finally:
-        for session in sessions:
-            await session.close()
-        await store.close()
+    async with registered_bookies(racks, read_only) as registered:
+        yield registered.uri
 
 
 def run(test: Coroutine[Any, Any, None]) -> None:
