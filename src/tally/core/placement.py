@@ -497,10 +497,10 @@ SEARCH_BUDGET = 20_000
 cluster ends; clusters of a few racks are searched through well within it."""
 
 
-def _starts_through(positions: Iterable[int], size: int, write_quorum: int) -> list[int]:
+def _starts_through(positions: Collection[int], size: int, write_quorum: int) -> list[int]:
     """The first positions of the write sets that hold one of `positions`."""
     if write_quorum == size:
-        return [0] if any(True for _ in positions) else []
+        return [0] if positions else []
     return sorted({(position - k) % size for position in positions for k in range(write_quorum)})
 
 
