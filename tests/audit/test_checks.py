@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from tally.audit import schema
-from tally.audit.checks import run_audit
+from tally.audit.checks import Cluster, run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
 from tally.cli.main import app as tally_app
@@ -244,6 +244,17 @@ def test_ledgers_split_across_arrow_batches_are_judged_whole(
     finally:
         spark.conf.set(key, before)
     assert _rows(tmp_path) == _rows(audited[0])
+
+
+def test_the_cluster_racks_are_those_of_registered_bookies() -> None:
+    """As the client counts them when it enforces the rule: a bookie gone from the registry
+    (named by an old ensemble) brings no rack of its own to the cluster."""
+    gone = {"bookie_id": "b9", "rack": "/gone", "state": "unregistered", "responded": False}
+    table = pa.Table.from_pylist([*BOOKIE_ROWS, gone], schema=schema.BOOKIES_SCHEMA)
+    assert Cluster.of(table).cluster_racks == 3
+    read_only = {"bookie_id": "b9", "rack": "/r9", "state": "readonly", "responded": True}
+    table = pa.Table.from_pylist([*BOOKIE_ROWS, read_only], schema=schema.BOOKIES_SCHEMA)
+    assert Cluster.of(table).cluster_racks == 4
 
 
 def test_the_grace_period_and_min_racks_change_the_verdict(

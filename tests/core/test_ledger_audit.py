@@ -155,7 +155,7 @@ def _expected_rows(
         spans = min(
             len({racks[segment.ensemble[(s + k) % e]] for k in range(wq)}) for s in range(e)
         )
-        if spans < min(wq, min_racks):
+        if spans < min(wq, min_racks, cluster):
             rows.append(("placement_fail", index, None, None))
         elif spans < min(wq, cluster):
             rows.append(("placement_soft", index, None, None))
@@ -293,9 +293,19 @@ def test_write_sets_short_of_the_cluster_racks_are_soft() -> None:
 
 def test_unknown_racks_stand_in_the_default_rack() -> None:
     metadata = _ledger(2, 2, [ABC], [0], 9)
-    assert _rows(_audit(metadata, held_by_schedule(metadata), racks={})) == [
+    held = held_by_schedule(metadata)
+    # In a cluster of two racks, bookies whose racks are unknown all stand in one.
+    assert _rows(_audit(metadata, held, racks={}, cluster_racks=2)) == [
         ("placement_fail", 0, None, None)
     ]
+    # Counted from what is known, that one default rack is the whole cluster: no failure.
+    assert _audit(metadata, held, racks={}) == []
+
+
+def test_a_cluster_on_one_rack_meets_the_rule() -> None:
+    metadata = _ledger(3, 2, [ABC], [0], 9)
+    one_rack = dict.fromkeys(RACKS, "/r0")
+    assert _audit(metadata, held_by_schedule(metadata), racks=one_rack, min_racks=3) == []
 
 
 def test_an_empty_trailing_segment_is_not_judged_on_placement() -> None:

@@ -54,7 +54,7 @@ from tally.core.ledger_audit import (
     potentially_faulty,
 )
 from tally.core.metadata import LedgerMetadata, LedgerState, Segment
-from tally.core.placement import DEFAULT_RACK
+from tally.core.placement import DEFAULT_RACK, racks_in_cluster
 
 PART_LEDGER, PART_AVAILABILITY = -1, 2**31 - 1
 """`part` of a ledger row and of an availability row; a segment row's is its index."""
@@ -286,13 +286,15 @@ class Cluster:
     def of(cls, bookies: pa.Table) -> Cluster:
         rows = sorted(bookies.to_pylist(), key=lambda row: row["bookie_id"])
         racks = {row["bookie_id"]: row["rack"] for row in rows}
+        unregistered = schema.BookieState.UNREGISTERED.value
+        registered = [row["bookie_id"] for row in rows if row["state"] != unregistered]
         rack_codes: dict[str, int] = {DEFAULT_RACK: 0}
         for rack in racks.values():
             rack_codes.setdefault(rack, len(rack_codes))
         return cls(
             racks=racks,
             responded=frozenset(row["bookie_id"] for row in rows if row["responded"]),
-            cluster_racks=max(1, len(set(racks.values()))),
+            cluster_racks=racks_in_cluster(racks, registered),
             ids=pa.array([row["bookie_id"] for row in rows], pa.string()),
             responded_by_code=np.array([row["responded"] for row in rows] + [False], np.bool_),
             valid_by_code=np.array([_valid_bookie_id(row["bookie_id"]) for row in rows] + [False]),

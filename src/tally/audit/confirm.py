@@ -46,7 +46,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category, Violation, audit_ledger
 from tally.core.metadata import LedgerState
-from tally.core.placement import DEFAULT_RACK
+from tally.core.placement import racks_in_cluster
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager
@@ -117,16 +117,13 @@ async def confirm(
         available = await registry.available_bookies()
         placements = await registry.placements()
         racks = {bookie: placement.rack for bookie, placement in placements.items()}
-        in_cluster = {
-            racks.get(bookie, DEFAULT_RACK) for bookie in available.writable | available.read_only
-        }
         context = _Context(
             ledgers=LedgerManager(store),
             marks=UnderReplicationManager(store),
             registry=registry,
             pool=BookiePool(registry, request_timeout=REQUEST_TIMEOUT),
             racks=racks,
-            cluster_racks=len(in_cluster | set(racks.values())) or 1,
+            cluster_racks=racks_in_cluster(racks, available.writable | available.read_only),
             min_racks=min_racks,
             grace_period_ms=(
                 grace_period_ms if grace_period_ms is not None else _recorded_grace(report)

@@ -23,6 +23,12 @@ class AutoRecoveryConfig:
     """Placement policy of replacement bookies and of the placement check: `default`
     (random distinct bookies) or `rack-aware`."""
     min_num_racks_per_write_quorum: int = 2
+    """Racks every write set must span, capped by WQ and by the racks the cluster has: what
+    the placement check judges and what the replication worker's new bookies must keep."""
+    enforce_min_num_racks_per_write_quorum: bool = True
+    """The replication worker refuses new bookies that break the rule above, and the
+    ledger stays marked until they can be had (BP-31: "enforce placement policy strictly
+    during replication"; BookKeeper: false); false copies to the best bookies there are."""
 
     # -- the auditor ---------------------------------------------------------------------
     lost_bookie_recovery_delay: int = 0

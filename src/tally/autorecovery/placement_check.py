@@ -13,7 +13,13 @@ from tally.autorecovery import auditor_metrics as metrics
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
 from tally.core.metadata import LedgerState, Segment
-from tally.core.placement import PlacementAdherence, crowded_bookies, rack_of, worst_segments
+from tally.core.placement import (
+    PlacementAdherence,
+    crowded_bookies,
+    rack_of,
+    racks_in_cluster,
+    worst_segments,
+)
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import AuditorCheck
 
@@ -27,7 +33,7 @@ async def placement_check(
     registry = context.registry
     racks = {bookie: p.rack for bookie, p in (await registry.placements()).items()}
     available = await registry.available_bookies()
-    cluster_racks = len({rack_of(racks, b) for b in available.writable | available.read_only}) or 1
+    cluster_racks = racks_in_cluster(racks, available.writable | available.read_only)
     repair = config.repaired_placement_policy_not_adhering_bookie_enable
     failing = softly = 0
     async for page in context.ledgers.ledger_pages():

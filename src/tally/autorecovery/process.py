@@ -66,6 +66,9 @@ class AutoRecoveryProcess:
             session_timeout=self.config.session_timeout,
             placement=self.config.placement,
             min_num_racks_per_write_quorum=self.config.min_num_racks_per_write_quorum,
+            enforce_min_num_racks_per_write_quorum=(
+                self.config.enforce_min_num_racks_per_write_quorum
+            ),
         )
 
     async def run(self, on_ready: Callable[[AutoRecoveryProcess], None] | None = None) -> None:

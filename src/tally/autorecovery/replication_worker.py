@@ -499,23 +499,13 @@ class _LedgerRepair:
 
     async def _choose(self, segment: SegmentRepair) -> dict[int, str]:
         """A new bookie for every lost position, by the placement policy."""
-        replaced = [r for r in segment.repairs if r.kind is RepairKind.REPLACE]
-        if not replaced:
+        positions = [r.position for r in segment.repairs if r.kind is RepairKind.REPLACE]
+        if not positions:
             return {}
-        context = self.context
-        racks = await context.racks(also=segment.ensemble)
-        ensemble = list(segment.ensemble)
-        new_bookies: dict[int, str] = {}
-        for repair in replaced:
-            chosen = context.replacement(
-                ensemble,
-                repair.position,
-                segment.write_quorum,
-                racks,
-                {*segment.ensemble, *new_bookies.values()},
-            )
-            new_bookies[repair.position] = ensemble[repair.position] = chosen
-        return new_bookies
+        ensemble = await self.context.replace_positions(
+            segment.ensemble, positions, segment.write_quorum
+        )
+        return {position: ensemble[position] for position in positions}
 
     async def _copy(
         self, metadata: LedgerMetadata, segment: SegmentRepair, new_bookies: dict[int, str]

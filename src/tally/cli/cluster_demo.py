@@ -45,6 +45,11 @@ from tally.local.status import WRITABLE, read_status
 from tally.metadata.ledger_manager import LedgerRecord
 
 LEDGERS = 4
+BOOKIES = 4
+RACKS = 2
+QUORUMS = (3, 3, 2)
+"""E, WQ, AQ of the demo's ledgers: on two racks every write set of WQ=3 holds both, before
+and after a bookie is lost (an E=3 WQ=2 ring cannot: the client would refuse it)."""
 ENTRIES = 1500
 PASSWORD = b"demo"
 WINDOW = 200
@@ -85,14 +90,14 @@ def run(data_dir: Path | None = None) -> None:
 
 
 def _local_up(console: Console, root: Path) -> subprocess.Popen[bytes]:
-    console.print(f"\n$ tally local up --bookies 4 --racks 2 --data-dir {root}")
+    console.print(f"\n$ tally local up --bookies {BOOKIES} --racks {RACKS} --data-dir {root}")
     log = (root / "local-up.log").open("ab") if root.exists() else None
     if log is None:
         root.mkdir(parents=True)
         log = (root / "local-up.log").open("ab")
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "tally.cli.main", "local", "up", "--bookies", "4",
-         "--racks", "2", "--data-dir", str(root)],
+        [sys.executable, "-m", "tally.cli.main", "local", "up", "--bookies", str(BOOKIES),
+         "--racks", str(RACKS), "--data-dir", str(root)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT
@@ -160,7 +165,10 @@ async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
     async with Client(state.metadata) as client:
         writers = [
             await client.create_ledger(
-                ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+                ensemble_size=QUORUMS[0],
+                write_quorum=QUORUMS[1],
+                ack_quorum=QUORUMS[2],
+                password=PASSWORD,
             )
             for _ in range(LEDGERS)
         ]

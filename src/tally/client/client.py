@@ -152,8 +152,7 @@ class Client:
         if not isinstance(password, bytes):
             raise BadRequest("the ledger password is bytes")
         context = self.context
-        racks = await context.racks()
-        ensemble = context.new_ensemble(ensemble_size, write_quorum, ack_quorum, racks)
+        ensemble = await context.new_ensemble(ensemble_size, write_quorum, ack_quorum)
         if uuid and scope is not None:
             raise BadRequest("give scope or uuid=True, not both")
         if uuid:

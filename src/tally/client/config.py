@@ -17,10 +17,15 @@ class ClientConfig:
     """Seconds of idleness after which the writer sends its LAC explicitly; 0: never."""
     max_outstanding_reads: int = 64
     """Entries read in parallel by a sequential read or by recovery."""
-    placement: str = "default"
-    """`default` (random distinct bookies) or `rack-aware`."""
+    placement: str = "rack-aware"
+    """`rack-aware` (BookKeeper's default: write sets spread over racks) or `default`
+    (random distinct bookies, racks ignored)."""
     min_num_racks_per_write_quorum: int = 2
-    enforce_min_num_racks_per_write_quorum: bool = False
+    """Racks every write set must span, capped by WQ and by the racks the cluster has."""
+    enforce_min_num_racks_per_write_quorum: bool = True
+    """Refuse an ensemble, or an ensemble change, that breaks the rule above, as BP-31's
+    "enforce placement policy strictly during write" asks (BookKeeper: false); false
+    chooses availability over placement and places as well as the racks allow."""
     session_timeout: float = 10.0
     """Metadata store session timeout, seconds."""
     bookie_quarantine_time: float = 1800.0

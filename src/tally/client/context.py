@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from tally.client.bookie_pool import BookiePool
@@ -14,6 +14,7 @@ from tally.core.placement import (
     BookieQuarantine,
     PlacementPolicy,
     preferring_healthy,
+    racks_in_cluster,
 )
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.ledger_manager import LedgerManager
@@ -40,42 +41,53 @@ class ClientContext:
     def bookie_failed(self, bookie: str) -> None:
         self.quarantine.add(bookie, time.monotonic())
 
-    def new_ensemble(
-        self, ensemble_size: int, write_quorum: int, ack_quorum: int, racks: Mapping[str, str]
+    async def new_ensemble(
+        self, ensemble_size: int, write_quorum: int, ack_quorum: int
     ) -> tuple[str, ...]:
-        """The placement policy's ensemble, of bookies out of quarantine while enough are."""
+        """The placement policy's ensemble of writable bookies, out of quarantine while
+        enough are."""
+        racks, barred, cluster_racks = await self._placement_view()
 
         def choose(avoid: frozenset[str]) -> tuple[str, ...]:
             return self.policy.new_ensemble(
-                ensemble_size, write_quorum, ack_quorum, racks, avoid, self.rng
+                ensemble_size,
+                write_quorum,
+                ack_quorum,
+                racks,
+                barred | avoid,
+                self.rng,
+                cluster_racks,
             )
 
         return preferring_healthy(choose, self.quarantined())
 
-    def replacement(
-        self,
-        ensemble: Sequence[str],
-        position: int,
-        write_quorum: int,
-        racks: Mapping[str, str],
-        exclude: Collection[str],
-    ) -> str:
-        """The placement policy's bookie for `position`, out of quarantine if one fits."""
+    async def replace_positions(
+        self, ensemble: Sequence[str], positions: Collection[int], write_quorum: int
+    ) -> tuple[str, ...]:
+        """The ensemble with the placement policy's writable bookies at `positions`, out of
+        quarantine if they fit (the writer's ensemble change, recovery's, the worker's)."""
+        racks, barred, cluster_racks = await self._placement_view(also=ensemble)
 
-        def choose(avoid: frozenset[str]) -> str:
-            return self.policy.replace_bookie(
-                ensemble, position, write_quorum, racks, {*exclude, *avoid}, self.rng
+        def choose(avoid: frozenset[str]) -> tuple[str, ...]:
+            return self.policy.replace_positions(
+                ensemble, positions, write_quorum, racks, barred | avoid, self.rng, cluster_racks
             )
 
         return preferring_healthy(choose, self.quarantined())
 
-    async def racks(self, also: Collection[str] = ()) -> dict[str, str]:
-        """Every writable bookie with its rack (BookKeeper's /default-rack when unknown),
+    async def _placement_view(
+        self, also: Collection[str] = ()
+    ) -> tuple[dict[str, str], frozenset[str], int]:
+        """Every registered bookie with its rack (BookKeeper's /default-rack when unknown),
         plus the bookies in `also` (an ensemble's own members, which placement must see at
-        their real racks even when they are down; the caller excludes them)."""
-        writable = await self.registry.writable_bookies()
+        their real racks even when they are down); those of them that take no new copies
+        (read-only or gone); and the racks of the cluster, as the audits count them."""
+        available = await self.registry.available_bookies()
         placements = await self.registry.placements()
-        return {
+        registered = available.writable | available.read_only
+        racks = {
             bookie: placements[bookie].rack if bookie in placements else DEFAULT_RACK
-            for bookie in {*writable, *also}
+            for bookie in {*registered, *also}
         }
+        barred = frozenset(racks.keys() - available.writable)
+        return racks, barred, racks_in_cluster(racks, registered)

@@ -263,17 +263,12 @@ async def _replace_in_recovery(
             f"ledger {record.ledger_id}: entry {first} falls short of its ack quorum in an "
             f"earlier segment, whose ensemble cannot change; the ledger stays IN_RECOVERY"
         )
-    ensemble = list(metadata.segments[-1].ensemble)
-    racks = await context.racks(also=ensemble)
-    exclude = failed | set(ensemble)
-    for position, bookie in enumerate(metadata.segments[-1].ensemble):
-        if bookie in failed:
-            context.bookie_failed(bookie)
-            ensemble[position] = context.replacement(
-                tuple(ensemble), position, metadata.write_quorum, racks, exclude
-            )
-            exclude.add(ensemble[position])
-    changed = metadata.with_ensemble_change(first, tuple(ensemble), recovering=True)
+    last = metadata.segments[-1].ensemble
+    positions = [position for position, bookie in enumerate(last) if bookie in failed]
+    for position in positions:
+        context.bookie_failed(last[position])
+    ensemble = await context.replace_positions(last, positions, metadata.write_quorum)
+    changed = metadata.with_ensemble_change(first, ensemble, recovering=True)
     try:
         updated = await context.ledgers.write_ledger_metadata(
             record.ledger_id, changed, record.version

@@ -351,14 +351,11 @@ class LedgerWriter:
         context = self._context
         failed = {self._ensemble[p] for p in positions}
         for _ in range(context.config.ensemble_change_retries):
-            racks = await context.racks(also=self._ensemble)
-            ensemble = list(self._ensemble)
-            exclude = failed | set(ensemble)
-            for position in positions:
-                ensemble[position] = context.replacement(
-                    tuple(ensemble), position, self._record.metadata.write_quorum, racks, exclude
+            ensemble = list(
+                await context.replace_positions(
+                    self._ensemble, positions, self._record.metadata.write_quorum
                 )
-                exclude.add(ensemble[position])
+            )
             first = self._pending.last_add_confirmed + 1
             record = self._record
             try:

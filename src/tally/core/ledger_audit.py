@@ -33,6 +33,7 @@ from tally.core.placement import (
     adherence_of_racks,
     fewest_racks_per_write_set,
     rack_of,
+    racks_required,
 )
 from tally.core.schedule import expected_entries
 
@@ -258,7 +259,11 @@ def _placement(
         category = _OF_ADHERENCE.get(adherence_of_racks(placed, wq, min_racks, in_cluster))
         if category is None:
             continue
-        need = min(wq, min_racks) if category is Category.PLACEMENT_FAIL else min(wq, in_cluster)
+        need = (
+            racks_required(wq, min_racks, in_cluster)
+            if category is Category.PLACEMENT_FAIL
+            else min(wq, in_cluster)
+        )
         found.append(
             Violation(
                 category,
@@ -347,7 +352,7 @@ def clean_ledgers(columns: LedgerColumns, *, min_racks: int, cluster_racks: int)
     segments = _Segments.of(c, ok)
     stretches = _Stretches.of(c, segments, ok)
     _check_reports(c, stretches, ok)
-    _check_placement(c, segments, ok, min_racks, cluster_racks)
+    _check_placement(c, segments, ok, cluster_racks)
     return ok
 
 
@@ -590,11 +595,11 @@ def _stretch_of(keys: Int64Array, first: Int64Array, t: _Stretches, c: LedgerCol
     return stretch
 
 
-def _check_placement(
-    c: LedgerColumns, s: _Segments, ok: BoolArray, min_racks: int, cluster_racks: int
-) -> None:
+def _check_placement(c: LedgerColumns, s: _Segments, ok: BoolArray, cluster_racks: int) -> None:
     """Clear `ok` for ledgers with a segment holding entries that is not strictly placed:
-    `adherence_of_racks`, for a whole batch of ensembles of one shape at a time."""
+    `adherence_of_racks`, for a whole batch of ensembles of one shape at a time. Strict asks
+    min(WQ, cluster racks) racks of every write set, never fewer than the rule's
+    `racks_required`, so min racks cannot change a clean verdict."""
     ledger = c.segment_ledger
     judged = (s.last >= s.first) & ok[ledger]
     e, wq = c.ensemble_size[ledger], c.write_quorum[ledger]
@@ -608,5 +613,5 @@ def _check_placement(
             for k in range(1, quorum):
                 distinct += (window[:, k, None] != window[:, :k]).all(axis=1)
             fewest = np.minimum(fewest, distinct)
-        need = max(min(quorum, min_racks), min(quorum, cluster_racks))
+        need = min(quorum, cluster_racks)
         ok[ledger[chosen[fewest < need]]] = False

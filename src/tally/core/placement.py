@@ -3,8 +3,9 @@
 BP-31 asks that the copies of an entry be spread over fault domains (racks) when a ledger is
 written and when it is re-replicated; BP-34 asks the auditor to report segments whose ensemble
 breaks the policy. The client and the replication worker choose bookies with `new_ensemble`
-and `replace_bookie`; the auditor and the Spark audit judge ensembles with `adherence` (or
-`adherence_of_racks`, on the racks alone), so choosing and judging cannot disagree.
+and `replace_positions`; the auditor and the Spark audit judge ensembles with `adherence` (or
+`adherence_of_racks`, on the racks alone). Both hold to one rule,
+`write_sets_on_enough_racks`, so choosing and judging cannot disagree.
 
 Everything is plain data: racks come as a mapping from bookie id to rack, randomness as a
 `random.Random`, so a seeded run is reproducible. A bookie whose rack is not known stands in
@@ -20,7 +21,8 @@ import contextlib
 import dataclasses
 import enum
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from tally.core.errors import BadRequest, NotEnoughBookies
@@ -46,14 +48,25 @@ def rack_of(racks: Mapping[str, str], bookie_id: str) -> str:
     return racks.get(bookie_id, DEFAULT_RACK)
 
 
-def fewest_racks_per_write_set(racks: Sequence[str], write_quorum: int) -> int:
-    """The fewest distinct racks of any write set, given the racks of the positions in order.
+def fewest_racks_per_write_set(
+    racks: Sequence[str], write_quorum: int, through: Collection[int] | None = None
+) -> int:
+    """The fewest distinct racks of any write set, given the racks of the positions in order;
+    with `through`, of the write sets that hold one of those positions (WQ if none is given).
 
     One window slides round the ensemble with a count per rack: O(E + WQ), no sets built.
     """
     size = len(racks)
     if not 1 <= write_quorum <= size:
         raise BadRequest(f"write quorum {write_quorum} does not fit an ensemble of {size}")
+    if through is not None:
+        return min(
+            (
+                len({racks[(start + k) % size] for k in range(write_quorum)})
+                for start in _starts_through(through, size, write_quorum)
+            ),
+            default=write_quorum,
+        )
     held: dict[str, int] = {}
     for rack in racks[:write_quorum]:
         held[rack] = held.get(rack, 0) + 1
@@ -70,13 +83,41 @@ def fewest_racks_per_write_set(racks: Sequence[str], write_quorum: int) -> int:
     return fewest
 
 
+def racks_required(write_quorum: int, min_racks: int, cluster_racks: int) -> int:
+    """The racks every write set must span: `min_num_racks_per_write_quorum`, capped by what
+    a write set holds (WQ) and by the racks the cluster has, so that a cluster whose bookies
+    all stand in one rack is never refused."""
+    return min(write_quorum, min_racks, cluster_racks)
+
+
+def write_sets_on_enough_racks(
+    racks: Sequence[str],
+    write_quorum: int,
+    min_racks: int,
+    cluster_racks: int,
+    through: Collection[int] | None = None,
+) -> bool:
+    """The placement rule: every write set (with `through`, every one holding one of those
+    positions) spans at least `racks_required` racks. The client and the replication worker
+    enforce it and every audit checks it, so that what is written passes its audit."""
+    return fewest_racks_per_write_set(racks, write_quorum, through) >= racks_required(
+        write_quorum, min_racks, cluster_racks
+    )
+
+
+def racks_in_cluster(racks: Mapping[str, str], registered: Iterable[str]) -> int:
+    """The racks of the registered bookies (writable or read-only), at least 1: the cluster's
+    racks as the rule counts them, for the client and the audits alike."""
+    return len({rack_of(racks, bookie) for bookie in registered}) or 1
+
+
 def adherence_of_racks(
     racks: Sequence[str], write_quorum: int, min_racks: int, cluster_racks: int
 ) -> PlacementAdherence:
     """Rack-aware adherence of an ensemble given the racks of its positions, in order.
 
-    FAIL when some write set spans fewer than min(WQ, min_racks) racks (or WQ does not fit
-    the ensemble at all); MEETS_SOFT when all reach that but some span fewer than
+    FAIL when it breaks `write_sets_on_enough_racks` (or WQ does not fit the ensemble at
+    all); MEETS_SOFT when it keeps the rule but some write set spans fewer than
     min(WQ, cluster_racks); MEETS_STRICT otherwise. This is what a Spark batch has at hand;
     it cannot see a bookie named twice, `RackAwarePlacementPolicy.adherence` checks that.
     """
@@ -85,10 +126,9 @@ def adherence_of_racks(
             raise BadRequest(f"{name} must be at least 1, got {value}")
     if not 1 <= write_quorum <= len(racks):
         return PlacementAdherence.FAIL
-    fewest = fewest_racks_per_write_set(racks, write_quorum)
-    if fewest < min(write_quorum, min_racks):
+    if not write_sets_on_enough_racks(racks, write_quorum, min_racks, cluster_racks):
         return PlacementAdherence.FAIL
-    if fewest < min(write_quorum, cluster_racks):
+    if fewest_racks_per_write_set(racks, write_quorum) < min(write_quorum, cluster_racks):
         return PlacementAdherence.MEETS_SOFT
     return PlacementAdherence.MEETS_STRICT
 
@@ -99,8 +139,9 @@ class PlacementPolicy(Protocol):
     `bookies` maps bookie ids to racks; the candidates are those not in `exclude`, and a
     bookie already in the ensemble is never chosen again. Give the racks of the ensemble's
     own bookies too, failed ones included (and in `exclude`), or they count as
-    `/default-rack`. `NotEnoughBookies` when no choice fits, `BadRequest` for sizes that
-    can never work.
+    `/default-rack`. `cluster_racks` caps the racks a write set must span
+    (`racks_required`); by default it counts the racks of `bookies`. `NotEnoughBookies`
+    when no choice fits, `BadRequest` for sizes that can never work.
     """
 
     def new_ensemble(
@@ -111,17 +152,21 @@ class PlacementPolicy(Protocol):
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
+        cluster_racks: int | None = None,
     ) -> tuple[str, ...]: ...
 
-    def replace_bookie(
+    def replace_positions(
         self,
         ensemble: Sequence[str],
-        position: int,
+        positions: Collection[int],
         write_quorum: int,
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
-    ) -> str: ...
+        cluster_racks: int | None = None,
+    ) -> tuple[str, ...]:
+        """The ensemble with a new bookie at each of `positions`, the others as they were."""
+        ...
 
     def adherence(
         self,
@@ -144,26 +189,31 @@ class DefaultPlacementPolicy:
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
+        cluster_racks: int | None = None,
     ) -> tuple[str, ...]:
         check_quorums(ensemble_size, write_quorum, ack_quorum)
         candidates = _candidates(bookies, exclude)
         _require_candidates(ensemble_size, write_quorum, ack_quorum, bookies, candidates)
         return tuple(rng.sample(candidates, ensemble_size))
 
-    def replace_bookie(
+    def replace_positions(
         self,
         ensemble: Sequence[str],
-        position: int,
+        positions: Collection[int],
         write_quorum: int,
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
-    ) -> str:
-        _check_position(ensemble, position, write_quorum)
+        cluster_racks: int | None = None,
+    ) -> tuple[str, ...]:
+        wanted = _check_positions(ensemble, positions, write_quorum)
         candidates = _candidates(bookies, {*exclude, *ensemble})
-        if not candidates:
-            raise NotEnoughBookies(_no_replacement(ensemble, position, bookies))
-        return rng.choice(candidates)
+        if len(candidates) < len(wanted):
+            raise NotEnoughBookies(_no_replacement(ensemble, wanted, bookies, candidates))
+        new = list(ensemble)
+        for position, bookie in zip(wanted, rng.sample(candidates, len(wanted)), strict=True):
+            new[position] = bookie
+        return tuple(new)
 
     def adherence(
         self,
@@ -179,12 +229,14 @@ class DefaultPlacementPolicy:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RackAwarePlacementPolicy:
-    """Every write set on at least min(WQ, `min_num_racks_per_write_quorum`) racks.
+    """Every write set on at least `racks_required` racks: `write_sets_on_enough_racks`.
 
     New ensembles go as far as the cluster allows: they maximise the fewest racks of any
     write set. Without enforcement a cluster with too few racks still gets the best ensemble
-    it can (and `adherence` tells the truth about it); with enforcement the create or the
-    replacement fails instead, as BP-31 asks ("Strict enforcement of placement policy").
+    it can (and `adherence` tells the truth about it); with enforcement (the client's and
+    the replication worker's default) the create or the replacement fails instead, as BP-31
+    asks ("Strict enforcement of placement policy"), with an error naming the racks there
+    are and what the ledger needs.
     """
 
     min_num_racks_per_write_quorum: int = 2
@@ -203,21 +255,30 @@ class RackAwarePlacementPolicy:
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
+        cluster_racks: int | None = None,
     ) -> tuple[str, ...]:
         """Rack counts that can reach the bound of `_most_racks_possible`, laid out by
         `_spread`; each layout is measured, and a short one is drawn again."""
         check_quorums(ensemble_size, write_quorum, ack_quorum)
         candidates = _candidates(bookies, exclude)
         _require_candidates(ensemble_size, write_quorum, ack_quorum, bookies, candidates)
+        if cluster_racks is None:
+            cluster_racks = racks_in_cluster(bookies, bookies)
         by_rack = _by_rack(bookies, candidates)
         capacity = {rack: len(ids) for rack, ids in by_rack.items()}
-        need = min(write_quorum, self.min_num_racks_per_write_quorum)
+        need = racks_required(write_quorum, self.min_num_racks_per_write_quorum, cluster_racks)
         best = _most_racks_possible(list(capacity.values()), ensemble_size, write_quorum)
         where = f"the {len(candidates)} candidate bookies on {len(capacity)} rack(s)"
-        if self._enforced(best, need):
+        if self.enforce_min_num_racks_per_write_quorum and best < need:
             raise NotEnoughBookies(
-                f"{self._refusal(ensemble_size, write_quorum, need)}: {where} allow at most "
-                f"{best} racks per write set"
+                self._refusal(
+                    ensemble_size,
+                    write_quorum,
+                    cluster_racks,
+                    f"{where} allow at most {best} racks per write set",
+                    bookies,
+                    by_rack,
+                )
             )
         racks: list[str] = []
         got = 0
@@ -228,56 +289,75 @@ class RackAwarePlacementPolicy:
                 racks, got = layout, spans
             if got >= best:
                 break
-        if self._enforced(got, need):
+        if self._refuses(racks, write_quorum, cluster_racks):
             raise NotEnoughBookies(
-                f"{self._refusal(ensemble_size, write_quorum, need)}: {where} may allow up to "
-                f"{best} racks per write set, but {SPREAD_TRIES} layouts reached only {got}"
+                self._refusal(
+                    ensemble_size,
+                    write_quorum,
+                    cluster_racks,
+                    f"{where} may allow up to {best} racks per write set, and {SPREAD_TRIES} "
+                    f"layouts reached only {got}",
+                    bookies,
+                    by_rack,
+                )
             )
         turn = rng.randrange(ensemble_size)
         racks = racks[turn:] + racks[:turn]
         picks = {rack: iter(rng.sample(ids, racks.count(rack))) for rack, ids in by_rack.items()}
         return tuple(next(picks[rack]) for rack in racks)
 
-    def replace_bookie(
+    def replace_positions(
         self,
         ensemble: Sequence[str],
-        position: int,
+        positions: Collection[int],
         write_quorum: int,
         bookies: Mapping[str, str],
         exclude: Collection[str],
         rng: random.Random,
-    ) -> str:
-        """A bookie for `position` whose rack best spreads the write sets through it.
+        cluster_racks: int | None = None,
+    ) -> tuple[str, ...]:
+        """New bookies for `positions` whose racks best spread the write sets through them.
 
-        Racks rank by the fewest racks of those write sets, then by their sum; among the
-        best, a rack is drawn in proportion to its candidates, so that every candidate bookie
-        of the best racks is equally likely. The other write sets do not change.
+        Position by position, racks rank by the fewest racks of the write sets through the
+        position, then by their sum (a position still to fill counts as no rack); among the
+        best a rack is drawn in proportion to its candidates, so that every candidate bookie
+        of the best racks is equally likely. Should that leave a write set short of the
+        rule, a search looks for racks that keep it (`_search_racks`). The rule is judged on
+        the write sets through the new bookies: the others do not change, and refusing
+        over them would stop a write or a repair without placing anything better.
         """
-        _check_position(ensemble, position, write_quorum)
-        by_rack = _by_rack(bookies, _candidates(bookies, {*exclude, *ensemble}))
-        if not by_rack:
-            raise NotEnoughBookies(_no_replacement(ensemble, position, bookies))
-        size = len(ensemble)
-        racks = [rack_of(bookies, bookie) for bookie in ensemble]
-        starts = sorted({(position - k) % size for k in range(write_quorum)})
-
-        def spread(rack: str) -> tuple[int, int]:
-            racks[position] = rack
-            spans = [len({racks[(s + k) % size] for k in range(write_quorum)}) for s in starts]
-            return min(spans), sum(spans)
-
-        ranked = {rack: spread(rack) for rack in by_rack}
-        top = max(ranked.values())
-        need = min(write_quorum, self.min_num_racks_per_write_quorum)
-        if self._enforced(top[0], need):
+        wanted = _check_positions(ensemble, positions, write_quorum)
+        candidates = _candidates(bookies, {*exclude, *ensemble})
+        if len(candidates) < len(wanted):
+            raise NotEnoughBookies(_no_replacement(ensemble, wanted, bookies, candidates))
+        if cluster_racks is None:
+            cluster_racks = racks_in_cluster(bookies, bookies)
+        by_rack = _by_rack(bookies, candidates)
+        capacity = {rack: len(ids) for rack, ids in by_rack.items()}
+        need = racks_required(write_quorum, self.min_num_racks_per_write_quorum, cluster_racks)
+        known: list[str | None] = [rack_of(bookies, bookie) for bookie in ensemble]
+        for position in wanted:
+            known[position] = None
+        racks = _fill_racks(known, wanted, capacity, write_quorum, need, rng)
+        if self._refuses(racks, write_quorum, cluster_racks, wanted):
+            got = fewest_racks_per_write_set(racks, write_quorum, wanted)
             raise NotEnoughBookies(
-                f"{self._refusal(size, write_quorum, need)}: no candidate for position "
-                f"{position} of {list(ensemble)} puts the write sets through it on more than "
-                f"{top[0]} racks ({len(by_rack)} candidate rack(s))"
+                self._refusal(
+                    len(ensemble),
+                    write_quorum,
+                    cluster_racks,
+                    f"no candidates for position(s) {wanted} of {list(ensemble)} put the write "
+                    f"sets through them on more than {got} racks",
+                    bookies,
+                    by_rack,
+                )
             )
-        best_racks = [rack for rack, score in ranked.items() if score == top]
-        weights = [len(by_rack[rack]) for rack in best_racks]
-        return rng.choice(by_rack[rng.choices(best_racks, weights)[0]])
+        chosen = Counter(racks[position] for position in wanted)
+        picks = {rack: iter(rng.sample(by_rack[rack], count)) for rack, count in chosen.items()}
+        new = list(ensemble)
+        for position in wanted:
+            new[position] = next(picks[racks[position]])
+        return tuple(new)
 
     def adherence(
         self,
@@ -300,15 +380,44 @@ class RackAwarePlacementPolicy:
             placed, write_quorum, self.min_num_racks_per_write_quorum, cluster_racks
         )
 
-    def _enforced(self, racks_per_write_set: int, need: int) -> bool:
-        return self.enforce_min_num_racks_per_write_quorum and racks_per_write_set < need
+    def _refuses(
+        self,
+        racks: Sequence[str],
+        write_quorum: int,
+        cluster_racks: int,
+        through: Collection[int] | None = None,
+    ) -> bool:
+        return self.enforce_min_num_racks_per_write_quorum and not write_sets_on_enough_racks(
+            racks, write_quorum, self.min_num_racks_per_write_quorum, cluster_racks, through
+        )
 
-    def _refusal(self, ensemble_size: int, write_quorum: int, need: int) -> str:
+    def _refusal(
+        self,
+        ensemble_size: int,
+        write_quorum: int,
+        cluster_racks: int,
+        why: str,
+        bookies: Mapping[str, str],
+        by_rack: Mapping[str, list[str]],
+    ) -> str:
+        """What the ledger needs, why it cannot be had, the racks there are, what to do."""
+        min_racks = self.min_num_racks_per_write_quorum
+        need = racks_required(write_quorum, min_racks, cluster_racks)
         return (
             f"refusing to place unsafely: E={ensemble_size} WQ={write_quorum} needs every "
-            f"write set on at least {need} racks (min_num_racks_per_write_quorum="
-            f"{self.min_num_racks_per_write_quorum}, enforced)"
+            f"write set on at least {need} racks (the least of WQ={write_quorum}, "
+            f"min_num_racks_per_write_quorum={min_racks} and the {cluster_racks} racks of the "
+            f"cluster; the rule is enforced), but {why}. "
+            f"{_racks_and_candidates(bookies, by_rack)}. {_WHAT_TO_DO}"
         )
+
+
+_WHAT_TO_DO = (
+    "Add bookies on other racks, choose E and WQ the racks can hold, or set "
+    "enforce_min_num_racks_per_write_quorum = false to place without the rule"
+)
+SHOWN_PER_RACK = 6
+"""Candidates named per rack in a refusal; the rest are counted."""
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -325,6 +434,18 @@ def _by_rack(bookies: Mapping[str, str], candidates: list[str]) -> dict[str, lis
     for bookie in candidates:
         by_rack.setdefault(rack_of(bookies, bookie), []).append(bookie)
     return dict(sorted(by_rack.items()))
+
+
+def _racks_and_candidates(bookies: Mapping[str, str], by_rack: Mapping[str, list[str]]) -> str:
+    """Every rack of `bookies` with its candidates, for a refusal to name."""
+    shown = []
+    for rack in sorted({rack_of(bookies, bookie) for bookie in bookies}):
+        ids = by_rack.get(rack, [])
+        names = ", ".join(ids[:SHOWN_PER_RACK])
+        if len(ids) > SHOWN_PER_RACK:
+            names += f" and {len(ids) - SHOWN_PER_RACK} more"
+        shown.append(f"{rack}: {names or 'no candidate'}")
+    return "Racks and their candidate bookies: " + "; ".join(shown)
 
 
 def _require_candidates(
@@ -344,17 +465,139 @@ def _require_candidates(
         )
 
 
-def _check_position(ensemble: Sequence[str], position: int, write_quorum: int) -> None:
+def _check_positions(
+    ensemble: Sequence[str], positions: Collection[int], write_quorum: int
+) -> list[int]:
+    """The positions, sorted, once each in the ensemble."""
     check_quorums(len(ensemble), write_quorum, 1)
-    if not 0 <= position < len(ensemble):
-        raise BadRequest(f"position {position} is outside the ensemble 0..{len(ensemble) - 1}")
+    wanted = sorted(set(positions))
+    if len(wanted) != len(positions):
+        raise BadRequest(f"positions {sorted(positions)} name a position twice")
+    for position in wanted:
+        if not 0 <= position < len(ensemble):
+            raise BadRequest(f"position {position} is outside the ensemble 0..{len(ensemble) - 1}")
+    return wanted
 
 
-def _no_replacement(ensemble: Sequence[str], position: int, bookies: Mapping[str, str]) -> str:
+def _no_replacement(
+    ensemble: Sequence[str], positions: list[int], bookies: Mapping[str, str], candidates: list[str]
+) -> str:
     return (
-        f"no bookie can replace {ensemble[position]} at position {position} of "
-        f"{list(ensemble)}: all {len(bookies)} known bookies are in the ensemble or excluded"
+        f"no bookies can replace {[ensemble[p] for p in positions]} at position(s) {positions} "
+        f"of {list(ensemble)}: {len(candidates)} candidate(s) for {len(positions)} "
+        f"position(s); the others of the {len(bookies)} known bookies are in the ensemble or "
+        "excluded"
     )
+
+
+# -- replacing positions ---------------------------------------------------------------------
+
+SEARCH_BUDGET = 20_000
+"""Partial layouts `_search_racks` tries at most, so that a hopeless search of a large
+cluster ends; clusters of a few racks are searched through well within it."""
+
+
+def _starts_through(positions: Collection[int], size: int, write_quorum: int) -> list[int]:
+    """The first positions of the write sets that hold one of `positions`."""
+    if write_quorum == size:
+        return [0] if positions else []
+    return sorted({(position - k) % size for position in positions for k in range(write_quorum)})
+
+
+def _fill_racks(
+    known: list[str | None],
+    positions: list[int],
+    capacity: Mapping[str, int],
+    write_quorum: int,
+    need: int,
+    rng: random.Random,
+) -> list[str]:
+    """Racks for the `positions` (None in `known`): the greedy choice of `replace_positions`,
+    or, when it leaves a write set through them on fewer than `need` racks, the first
+    layout that has none if a search finds one."""
+    greedy = list(known)
+    free = dict(capacity)
+    for position in positions:
+        rack = _best_rack(greedy, position, free, write_quorum, rng)
+        greedy[position] = rack
+        free[rack] -= 1
+    placed = _placed(greedy)
+    if fewest_racks_per_write_set(placed, write_quorum, positions) >= need:
+        return placed
+    found = _search_racks(known, positions, capacity, write_quorum, need)
+    return placed if found is None else found
+
+
+def _best_rack(
+    layout: list[str | None],
+    position: int,
+    free: Mapping[str, int],
+    write_quorum: int,
+    rng: random.Random,
+) -> str:
+    size = len(layout)
+    starts = _starts_through([position], size, write_quorum)
+
+    def spread(rack: str) -> tuple[int, int]:
+        layout[position] = rack
+        spans = [
+            len({layout[(start + k) % size] for k in range(write_quorum)} - {None})
+            for start in starts
+        ]
+        return min(spans), sum(spans)
+
+    ranked = {rack: spread(rack) for rack, left in free.items() if left > 0}
+    layout[position] = None
+    top = max(ranked.values())
+    best = [rack for rack, score in ranked.items() if score == top]
+    return rng.choices(best, [free[rack] for rack in best])[0]
+
+
+def _search_racks(
+    known: list[str | None],
+    positions: list[int],
+    capacity: Mapping[str, int],
+    write_quorum: int,
+    need: int,
+) -> list[str] | None:
+    """Depth first, racks for `positions` so that every write set through them spans `need`
+    racks; a branch ends as soon as a write set through a filled position cannot get there
+    (its racks so far plus its positions still to fill fall short). None if there are none,
+    or none within `SEARCH_BUDGET` partial layouts."""
+    size = len(known)
+    trial = list(known)
+    free = dict(capacity)
+    starts = {position: _starts_through([position], size, write_quorum) for position in positions}
+    budget = SEARCH_BUDGET
+
+    def can_reach(start: int) -> bool:
+        window = [trial[(start + k) % size] for k in range(write_quorum)]
+        return len(set(window) - {None}) + window.count(None) >= need
+
+    def fill(index: int) -> bool:
+        nonlocal budget
+        if index == len(positions):
+            return True
+        position = positions[index]
+        for rack in [rack for rack, left in free.items() if left > 0]:
+            budget -= 1
+            if budget < 0:
+                return False
+            trial[position] = rack
+            free[rack] -= 1
+            if all(can_reach(start) for start in starts[position]) and fill(index + 1):
+                return True
+            free[rack] += 1
+        trial[position] = None
+        return False
+
+    return _placed(trial) if fill(0) else None
+
+
+def _placed(layout: list[str | None]) -> list[str]:
+    racks = [rack for rack in layout if rack is not None]
+    assert len(racks) == len(layout), "every position has a rack"
+    return racks
 
 
 # -- how many racks every write set can span -------------------------------------------------

@@ -41,7 +41,9 @@ from tally.metadata.cluster import InitResult, init_cluster
 from tally.metadata.stores import open_store
 
 DEFAULT_BOOKIES = 3
-DEFAULT_RACKS = 2
+DEFAULT_RACKS = 3
+"""One bookie per rack: a ledger of the client's default shape (E=3 WQ=2) keeps every write
+set on two racks, as the placement rule asks and the audit checks; on two racks it cannot."""
 READY_TIMEOUT = 60.0
 """Seconds a process has to say it serves. A bookie restarted after a crash may first wait
 up to twice its session timeout for its old registration to lapse."""
