@@ -32,7 +32,7 @@ SEVERITY = (
     Category.BELOW_WRITE_QUORUM,
     Category.UNDERREPLICATED_TOO_LONG,
     Category.PLACEMENT_FAIL,
-    Category.MISPLACED_ENTRY,
+    Category.OVER_REPLICATED,
     Category.ORPHAN_DATA,
     Category.POTENTIALLY_FAULTY,
     Category.PLACEMENT_SOFT,
@@ -50,7 +50,7 @@ MEANING = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "a registered bookie did not answer (bookies)",
     Category.POTENTIALLY_FAULTY: "a bookie of the ledger did not answer; its copies not judged",
     Category.ORPHAN_DATA: "a bookie holds data of a ledger the metadata does not have",
-    Category.MISPLACED_ENTRY: "a bookie holds entries outside their write sets",
+    Category.OVER_REPLICATED: "a bookie holds entries outside their write sets",
 }
 
 COLOURS = {
@@ -63,7 +63,7 @@ COLOURS = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "#37474f",
     Category.POTENTIALLY_FAULTY: "#90a4ae",
     Category.ORPHAN_DATA: "#2e7d32",
-    Category.MISPLACED_ENTRY: "#1565c0",
+    Category.OVER_REPLICATED: "#1565c0",
 }
 
 _CSS = """

@@ -86,7 +86,7 @@ _LEDGER_FAULTS = (
     WITHIN_GRACE,
     Category.PLACEMENT_FAIL.value,
     Category.PLACEMENT_SOFT.value,
-    Category.MISPLACED_ENTRY.value,
+    Category.OVER_REPLICATED.value,
 )
 FAULT_KINDS = (
     *_LEDGER_FAULTS,
@@ -96,7 +96,7 @@ FAULT_KINDS = (
 DEFAULT_FAULTS = (
     "no_replica=3,below_ack_quorum=3,below_write_quorum=3,underreplicated_too_long=2,"
     f"{WITHIN_GRACE}=2,placement_fail=2,placement_soft=2,unresponsive_registered_bookie=1,"
-    "orphan_data=2,misplaced_entry=2"
+    "orphan_data=2,over_replicated=2"
 )
 FAULT_ATTEMPTS = 50
 
@@ -853,7 +853,7 @@ class _Injector:
                 lose([ensemble[position]], expected_entries(first, last, e, wq, position))
             else:
                 held[ensemble[position]] = EntryAvailability.empty()
-        elif kind == Category.MISPLACED_ENTRY.value:
+        elif kind == Category.OVER_REPLICATED.value:
             position = rng.randrange(e)
             bookie = ensemble[position]
             strays = (
@@ -885,7 +885,7 @@ class _Injector:
 def _suits(kind: str, mix: _Mix, racks: int) -> bool:
     if kind == Category.BELOW_WRITE_QUORUM.value:
         return mix.write_quorum > mix.ack_quorum
-    if kind == Category.MISPLACED_ENTRY.value:
+    if kind == Category.OVER_REPLICATED.value:
         return mix.ensemble_size > mix.write_quorum
     if kind == Category.PLACEMENT_SOFT.value:
         return min(mix.write_quorum, racks) > MIN_RACKS
