@@ -20,7 +20,7 @@ from tally.audit.checks import run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
 from tally.core.availability import EntryAvailability
-from tally.core.ledger_audit import Category, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.schedule import write_set
 from tests.audit.snapshot_rows import metadata_of
 
@@ -153,6 +153,13 @@ def _rows(out: Path) -> set[tuple[Any, ...]]:
     }  # fmt: skip
 
 
+def _extra_rows(out: Path) -> set[tuple[Any, ...]]:
+    return {
+        (r["scope"], r["ledger_id"], r["segment_index"], r["bookie_id"], r["entries"], r["bytes"])
+        for r in pq.read_table(out / schema.OVER_REPLICATED).to_pylist()
+    }
+
+
 @pytest.fixture(scope="module")
 def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_snapshot(tmp_path_factory.mktemp("handmade"), CASES, ORPHANS + IGNORED)
@@ -175,8 +182,6 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         ("placement_fail", 0, 7, 0, None, None),
         ("placement_soft", 0, 8, 0, None, None),
         ("potentially_faulty", 0, 9, None, "b6", None),
-        ("misplaced_entry", 0, 10, 0, "b2", 1),
-        ("misplaced_entry", 0, 10, 0, "b5", 2),
         ("potentially_faulty", 0, 14, None, "b1", None),
         ("orphan_data", 0, 99, None, "b0", 3),
         ("orphan_data", 0, 99, None, "b1", 3),
@@ -193,8 +198,10 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         "unresponsive_registered_bookie": 1,
         "potentially_faulty": 2,
         "orphan_data": 2,
-        "misplaced_entry": 1,
     }
+    # Ledger 10's extra copies: apart from the violations, one byte per entry (its length).
+    assert _extra_rows(out) == {(0, 10, 0, "b2", 1, 1), (0, 10, 0, "b5", 2, 2)}
+    assert summary["over_replication"] == {"ledgers": 1, "rows": 2, "entries": 3, "bytes": 3}
     assert summary["ledgers_checked"] == 12
     assert set(summary["timings"]) == {"read", "audit", "summary", "total", "report"}
     assert summary["params"]["now_ms"] == NOW
@@ -229,6 +236,9 @@ def test_violations_have_the_contract_schema(audited: tuple[Path, dict[str, Any]
     assert pq.read_schema(next((out / schema.VIOLATIONS).glob("*.parquet"))).equals(
         schema.VIOLATIONS_SCHEMA
     )
+    assert pq.read_schema(next((out / schema.OVER_REPLICATED).glob("*.parquet"))).equals(
+        schema.OVER_REPLICATED_SCHEMA
+    )
 
 
 def test_ledgers_split_across_arrow_batches_are_judged_whole(
@@ -242,6 +252,7 @@ def test_ledgers_split_across_arrow_batches_are_judged_whole(
     finally:
         spark.conf.set(key, before)
     assert _rows(tmp_path) == _rows(audited[0])
+    assert _extra_rows(tmp_path) == _extra_rows(audited[0])
 
 
 def test_the_grace_period_and_min_racks_change_the_verdict(
@@ -290,7 +301,7 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
     summary = run_audit(
         spark, synthetic, tmp_path, grace_period_ms=truth["grace_period_ms"], min_racks=2
     )
-    found: dict[str, set[str]] = {category.value: set() for category in Category}
+    found: dict[str, set[str]] = {category.value: set() for category in VIOLATION_CATEGORIES}
     for row in pq.read_table(tmp_path / schema.VIOLATIONS).to_pylist():
         key = (
             row["bookie_id"]
@@ -298,23 +309,36 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
             else ledger_key(row["scope"], row["ledger_id"])
         )
         found[row["category"]].add(key)
+    over = Category.OVER_REPLICATED.value
     assert found == {name: set(keys) for name, keys in truth["categories"].items()}
     assert summary["categories"] == {name: len(keys) for name, keys in truth["categories"].items()}
     assert found["potentially_faulty"], "the snapshot should exercise silent bookies"
+    extra = pq.read_table(tmp_path / schema.OVER_REPLICATED).to_pylist()
+    assert {ledger_key(r["scope"], r["ledger_id"]) for r in extra} == set(truth[over])
+    assert summary["over_replication"]["ledgers"] == len(truth[over])
+    assert summary["over_replication"]["entries"] == sum(r["entries"] for r in extra)
+    assert summary["over_replication"]["bytes"] == sum(r["bytes"] for r in extra) > 0
 
     # The batch path and the per-ledger check agree on every ledger, word for word.
-    assert _ledger_rows(pq.read_table(tmp_path / schema.VIOLATIONS)) == _one_by_one(
+    assert _ledger_rows(tmp_path) == _one_by_one(
         synthetic, truth["now_ms"], truth["grace_period_ms"]
     )
 
 
-def _ledger_rows(table: pa.Table) -> list[tuple[Any, ...]]:
-    return sorted(
+def _ledger_rows(out: Path) -> list[tuple[Any, ...]]:
+    """The ledger findings of a run, violations and over-replication, as `_one_by_one`'s."""
+    violations = [
         (r["scope"], r["ledger_id"], r["category"], r["segment_index"], r["bookie_id"],
-         r["missing_count"], r["detail"])
-        for r in table.to_pylist()
+         r["missing_count"], r["detail"], None)
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
         if r["category"] not in ("orphan_data", "unresponsive_registered_bookie")
-    )  # fmt: skip
+    ]  # fmt: skip
+    extra = [
+        (r["scope"], r["ledger_id"], Category.OVER_REPLICATED.value, r["segment_index"],
+         r["bookie_id"], r["entries"], r["detail"], r["bytes"])
+        for r in pq.read_table(out / schema.OVER_REPLICATED).to_pylist()
+    ]  # fmt: skip
+    return sorted(violations + extra)
 
 
 def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple[Any, ...]]:
@@ -348,8 +372,9 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
             grace_period_ms=grace_period_ms,
         ):
             rows.append(
-                (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail)
-            )
+                (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail,
+                 v.byte_count)
+            )  # fmt: skip
     return sorted(rows)
 
 

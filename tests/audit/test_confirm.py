@@ -21,7 +21,7 @@ from tally.audit import schema
 from tally.audit.confirm import CONFIRMED, CONFIRMED_JSON, confirm
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
 from tally.core.metadata import LedgerMetadata
 from tally.metadata.bookie_registry import BookiePlacement
 from tally.metadata.underreplication import UnderReplicationManager
@@ -178,7 +178,7 @@ def test_confirm_keeps_what_still_holds_and_drops_what_changed(
     fake, result = asyncio.run(run())
     report = tmp_path / "report"
     assert json.loads((report / CONFIRMED_JSON).read_text()) == result
-    counts = {category.value: 0 for category in Category}
+    counts = {category.value: 0 for category in VIOLATION_CATEGORIES}
     counts |= {
         "below_write_quorum": 3,
         "orphan_data": 1,

@@ -15,6 +15,8 @@ What "still holds" means per finding:
   holds some; a ledger now gone drops every other finding;
 - unresponsive_registered_bookie: the bookie is still registered and still does not answer.
 A ledger whose metadata no longer decodes cannot be judged: its findings stand as reported.
+Over-replication (over_replicated/) is not confirmed: it is no violation, and nothing acts
+on it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category, Violation, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, Violation, audit_ledger
 from tally.core.metadata import LedgerState
 from tally.core.placement import DEFAULT_RACK
 from tally.metadata.bookie_registry import BookieRegistry
@@ -216,7 +218,9 @@ def _write_confirmed(
     summary = {
         "confirmed": len(kept_pairs),
         "dropped": len(reported - kept_pairs),
-        "categories": {category.value: len(confirmed[category]) for category in Category},
+        "categories": {
+            category.value: len(confirmed[category]) for category in VIOLATION_CATEGORIES
+        },
     }
     write_json(report / CONFIRMED_JSON, summary)
     return summary
@@ -305,7 +309,7 @@ async def _recheck_ledger(
         cluster_racks=context.cluster_racks,
     )
     if Category.POTENTIALLY_FAULTY in reported.categories:
-        return fresh
+        return [violation for violation in fresh if violation.category.is_violation]
     return [violation for violation in fresh if violation.category in reported.categories]
 
 

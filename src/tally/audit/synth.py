@@ -3,7 +3,8 @@ and benchmarks.
 
 A snapshot has the schema of `tally.audit.schema`, and `truth.json` lists every finding the
 checks must report, no more, no less, for `min_racks` = MIN_RACKS, a grace period of
-GRACE_PERIOD_MS and "now" = NOW_MS (snapshot.json's created_ms; checks take it as now).
+GRACE_PERIOD_MS and "now" = NOW_MS (snapshot.json's created_ms; checks take it as now):
+the violations by category, and apart from them the over-replicated ledgers.
 
 The healthy majority is generated with numpy, a chunk of ledgers at a time, without a Python
 step per ledger: heavy-tailed sizes (most ledgers small, some of 10^7 entries), quorum mixes
@@ -39,7 +40,7 @@ from tally.audit.snapshot import DatasetWriter, prepare_output, write_json
 from tally.core.availability import GROUP_SIZE, HEADER_SIZE, EntryAvailability
 from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.metadata import MASTER_KEY_SIZE, LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
 from tally.core.schedule import expected_entries, write_set
@@ -825,7 +826,7 @@ class _Injector:
     def _damage(
         self, kind: str, metadata: LedgerMetadata, held: dict[str, EntryAvailability]
     ) -> int | None:
-        """Take copies away (or add a stray one) for `kind`; the under-replication mark."""
+        """Take copies away (or leave extra ones) for `kind`; the under-replication mark."""
         rng = self.rng
         e, wq, aq = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         index = rng.randrange(len(metadata.segments))
@@ -854,16 +855,22 @@ class _Injector:
             else:
                 held[ensemble[position]] = EntryAvailability.empty()
         elif kind == Category.OVER_REPLICATED.value:
+            # A bookie that held `position` before it was replaced there keeps its copies:
+            # outside the ensemble now, or back at another position (E > WQ: it then holds
+            # more than that position's write sets, every entry if E = WQ + 1).
             position = rng.randrange(e)
-            bookie = ensemble[position]
-            strays = (
-                EntryAvailability.span(first, last)
-                .difference(expected_entries(first, last, e, wq, position))
-                .to_numpy()
+            left = expected_entries(first, last, e, wq, position)
+            responsive = (
+                self.cluster.names[b]
+                for b in range(self.cluster.bookies)
+                if b not in self.cluster.unresponsive
             )
-            if strays.size:
-                stray = int(strays[rng.randrange(strays.size)])
-                held[bookie] = held[bookie].union(EntryAvailability.from_entries([stray]))
+            outsiders = [b for b in responsive if b not in ensemble]
+            members = [b for p, b in enumerate(ensemble) if p != position] if e > wq else []
+            choices = outsiders + members
+            if choices:
+                bookie = rng.choice(choices)
+                held[bookie] = held.get(bookie, EntryAvailability.empty()).union(left)
         if kind == Category.UNDERREPLICATED_TOO_LONG.value:
             return NOW_MS - GRACE_PERIOD_MS - rng.randrange(60_000, 3 * 86_400_000)
         if kind == WITHIN_GRACE:
@@ -885,8 +892,6 @@ class _Injector:
 def _suits(kind: str, mix: _Mix, racks: int) -> bool:
     if kind == Category.BELOW_WRITE_QUORUM.value:
         return mix.write_quorum > mix.ack_quorum
-    if kind == Category.OVER_REPLICATED.value:
-        return mix.ensemble_size > mix.write_quorum
     if kind == Category.PLACEMENT_SOFT.value:
         return min(mix.write_quorum, racks) > MIN_RACKS
     return True
@@ -1041,7 +1046,10 @@ def synthesize(
     write_json(
         out / schema.TRUTH_JSON,
         {
-            "categories": {name: sorted(keys) for name, keys in truth.items()},
+            "categories": {
+                category.value: sorted(truth[category.value]) for category in VIOLATION_CATEGORIES
+            },
+            Category.OVER_REPLICATED.value: sorted(truth[Category.OVER_REPLICATED.value]),
             WITHIN_GRACE: sorted(within_grace),
             "params": params,
             "now_ms": NOW_MS,

@@ -219,5 +219,12 @@ def _print_summary(summary: Mapping[str, Any]) -> None:
         style = "bold red" if count else "green"
         table.add_row(category, f"[{style}]{count:,}[/]")
     _out.print(table)
+    extra = summary.get("over_replication") or {}
+    if extra.get("rows"):
+        _out.print(
+            f"over-replication, not a violation: {extra['entries']:,} extra copies (about "
+            f"{extra['bytes']:,} bytes) on {extra['ledgers']:,} ledgers",
+            markup=False,
+        )
     timings = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in summary["timings"].items())
     _out.print(f"{summary['ledgers_checked']:,} ledgers checked ({timings})", markup=False)
