@@ -263,9 +263,21 @@ def test_the_grace_period_and_min_racks_change_the_verdict(
     assert summary["categories"]["placement_fail"] == 0
     assert summary["categories"]["placement_soft"] == 2  # ledger 7 is now soft too
     summary = run_audit(
-        spark, handmade, tmp_path, grace_period_ms=0, min_racks=2, now_ms=NOW + 3 * HOUR
+        spark, handmade, tmp_path, grace_period_ms=2 * HOUR, min_racks=2, now_ms=NOW + 3 * HOUR
     )
     assert summary["categories"]["underreplicated_too_long"] == 2
+
+
+def test_a_grace_period_of_zero_never_reports_a_mark_as_the_online_check(
+    spark: SparkSession, handmade: Path, tmp_path: Path
+) -> None:
+    """One meaning of 0 (BookKeeper's): the report is off, however long the marks are old;
+    the marked ledgers are still left to the worker, not judged."""
+    summary = run_audit(
+        spark, handmade, tmp_path, grace_period_ms=0, min_racks=2, now_ms=NOW + 300 * HOUR
+    )
+    assert summary["categories"]["underreplicated_too_long"] == 0
+    assert not {ledger for _, _, ledger, *_ in _rows(tmp_path)} & {5, 6}
 
 
 def test_a_snapshot_row_that_is_no_valid_ledger_stops_the_job(

@@ -20,6 +20,7 @@ from tally.core.ledger_audit import (
     Violation,
     audit_ledger,
     clean_ledgers,
+    marked_too_long,
     potentially_faulty,
 )
 from tally.core.metadata import LedgerMetadata, LedgerState, Segment
@@ -194,6 +195,36 @@ def test_a_marked_ledger_is_judged_only_on_how_long_it_has_been_marked(
     else:
         assert _rows(found) == [("underreplicated_too_long", None, None, None)]
         assert f"{marked_for} ms ago" in found[0].detail
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    audited_ledgers(),
+    st.integers(0, 10 * HOUR_MS),
+    st.integers(0, 10 * HOUR_MS),
+    st.sampled_from([0, 0, 1, HOUR_MS]) | st.integers(0, 3 * HOUR_MS),
+)
+def test_the_spark_audit_and_the_online_check_read_the_grace_period_alike(
+    case: tuple[LedgerMetadata, dict[str, set[int]], dict[str, str]],
+    since: int,
+    now: int,
+    grace: int,
+) -> None:
+    """`audit_ledger` (the Spark job, confirm) reports a mark exactly when `marked_too_long`
+    (the online check) does: a grace period of 0 never reports one."""
+    metadata, held, racks = case
+    found = audit_ledger(
+        metadata,
+        {b: EntryAvailability.from_entries(s) for b, s in held.items()},
+        racks=racks,
+        min_racks=2,
+        underreplicated_since_ms=since,
+        now_ms=now,
+        grace_period_ms=grace,
+    )
+    assert bool(found) == marked_too_long(since, now, grace)
+    if grace == 0:
+        assert found == []
 
 
 # -- one example per category ------------------------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tally.core.availability import MAX_SEQUENCE, EntryAvailability, SequenceGroup
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category, over_replicated
+from tally.core.ledger_audit import Category, marked_too_long, over_replicated
 from tally.core.metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     bookies_to_ask,
@@ -18,7 +18,6 @@ from tally.core.replicas_decisions import (
     describe,
     entry_ranges,
     judge_ledger,
-    marked_too_long,
 )
 from tally.core.schedule import write_set
 from tests.support.ledgers import held_by_schedule, rotating_ledger

@@ -118,7 +118,9 @@ def run_audit(
 
     `now_ms` is when under-replication marks are measured from: by default when the snapshot
     was taken (snapshot.json's created_ms), since that is when the marks were read; the
-    clock if the snapshot does not say. Returns the summary it writes.
+    clock if the snapshot does not say. A ledger marked for longer than `grace_period_ms` is
+    reported (`marked_too_long`; 0: never, as in the online check). Returns the summary it
+    writes.
     """
     if grace_period_ms < 0:
         raise BadRequest(f"grace period {grace_period_ms} ms is negative")

@@ -54,7 +54,7 @@ from tally.client.context import ClientContext
 from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category, OverReplication, Violation
+from tally.core.ledger_audit import Category, OverReplication, Violation, marked_too_long
 from tally.core.metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     REPLICAS_CATEGORIES,
@@ -63,7 +63,6 @@ from tally.core.replicas_decisions import (
     checkable,
     describe,
     judge_ledger,
-    marked_too_long,
 )
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import UnderReplicatedLedger

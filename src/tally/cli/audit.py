@@ -70,7 +70,11 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Directory for violations and the report.")],
     master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
     grace_period: Annotated[
-        str, typer.Option(help="How long a ledger may stay marked under-replicated: 1h, 30m.")
+        str,
+        typer.Option(
+            help="How long a ledger may stay marked under-replicated before it is reported: "
+            "1h, 30m; 0 never reports it (as the auditor's grace period of 0)."
+        ),
     ] = "1h",
     min_racks: Annotated[
         int, typer.Option(min=1, help="Racks every write set must span (capped at WQ).")

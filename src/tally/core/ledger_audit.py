@@ -154,9 +154,10 @@ def audit_ledger(
     is potentially faulty rather than judged on that bookie. Bookies outside the ledger's
     ensembles may appear too: what they hold up to the last entry is over-replication.
 
-    A ledger marked under-replicated is being repaired: within `grace_period_ms` of its
-    mark nothing is reported; past it, one underreplicated_too_long row and nothing else,
-    since its metadata is about to change and any other finding would be stale (seed 000).
+    A ledger marked under-replicated is being repaired: nothing is reported until it is
+    `marked_too_long` (past `grace_period_ms`, never with a grace period of 0), then one
+    underreplicated_too_long row and nothing else, since its metadata is about to change and
+    any other finding would be stale (seed 000).
 
     Placement is judged per segment that holds entries (an empty trailing segment protects
     nothing) with `adherence_of_racks`; `cluster_racks` defaults to the racks that `racks`
@@ -180,10 +181,20 @@ def audit_ledger(
     ]
 
 
+def marked_too_long(first_marked_ms: int, now_ms: int, grace_period_ms: int) -> bool:
+    """Whether a ledger marked under-replicated at `first_marked_ms` is overdue: marked for
+    longer than the grace period. A grace period of 0 never reports a mark, as BookKeeper's
+    underreplicatedLedgerRecoveryGracePeriod of 0 turns the report off; the online check and
+    the Spark job both read it so."""
+    if grace_period_ms < 0:
+        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
+    return grace_period_ms > 0 and now_ms - first_marked_ms > grace_period_ms
+
+
 def _underreplicated(since_ms: int, now_ms: int, grace_period_ms: int) -> list[Violation]:
-    marked_for = now_ms - since_ms
-    if marked_for <= grace_period_ms:
+    if not marked_too_long(since_ms, now_ms, grace_period_ms):
         return []
+    marked_for = now_ms - since_ms
     return [
         Violation(
             Category.UNDERREPLICATED_TOO_LONG,

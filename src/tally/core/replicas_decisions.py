@@ -4,8 +4,9 @@ BP-34 leaves a few rules to the checker itself, and they are kept here so they h
 same everywhere and can be tested without bookies:
 
 - A ledger already marked under-replicated is being repaired and is skipped, unless it has
-  been marked for longer than the grace period, which is a finding of its own. A grace
-  period of 0 turns that report off, as in BookKeeper.
+  been marked for longer than the grace period, which is a finding of its own
+  (`ledger_audit.marked_too_long`, the Spark job's rule too: a grace period of 0 turns that
+  report off, as in BookKeeper).
 - Bookies are asked once per ledger, even when they serve several segments, and only those
   of segments that hold entries (an empty trailing segment protects nothing).
 - A bookie that did not answer and is no longer registered is lost: it is counted as
@@ -83,13 +84,6 @@ def bookies_to_ask(metadata: LedgerMetadata) -> frozenset[str]:
         if last is not None and last >= first
         for bookie in segment.ensemble
     )
-
-
-def marked_too_long(first_marked_ms: int, now_ms: int, grace_period_ms: int) -> bool:
-    """Whether a ledger marked at `first_marked_ms` is overdue; a grace period of 0: never."""
-    if grace_period_ms < 0:
-        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
-    return grace_period_ms > 0 and now_ms - first_marked_ms > grace_period_ms
 
 
 def judge_ledger(
