@@ -20,6 +20,7 @@ from tally.audit.checks import run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
 from tally.core.availability import EntryAvailability
+from tally.core.errors import BadRequest
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.schedule import write_set
 from tests.audit.snapshot_rows import metadata_of
@@ -198,6 +199,7 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         "unresponsive_registered_bookie": 1,
         "potentially_faulty": 2,
         "orphan_data": 2,
+        "invalid_metadata": 0,
     }
     # Ledger 10's extra copies: apart from the violations, one byte per entry (its length).
     assert _extra_rows(out) == {(0, 10, 0, "b2", 1, 1), (0, 10, 0, "b5", 2, 2)}
@@ -280,13 +282,35 @@ def test_a_grace_period_of_zero_never_reports_a_mark_as_the_online_check(
     assert not {ledger for _, _, ledger, *_ in _rows(tmp_path)} & {5, 6}
 
 
-def test_a_snapshot_row_that_is_no_valid_ledger_stops_the_job(
-    spark: SparkSession, tmp_path: Path
+INVALID = [
+    Case(15, [ABC], 29, firsts=[1]),  # the first segment starts at entry 1
+    Case(16, [ABC, ("b0", "b1")], 29, firsts=[0, 10]),  # an ensemble of two, E is 3
+    Case(17, [ABC, ("b3", "b4", "b5")], 29, firsts=[0, 40]),  # a segment past the end
+]
+
+
+def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on(
+    spark: SparkSession, audited: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    bad = Case(5, [ABC], 29, firsts=[1])
-    snapshot = write_snapshot(tmp_path / "snapshot", [bad], [])
-    with pytest.raises(Exception, match=r"snapshot: ledger 5: the first segment starts at entry 1"):
-        run_audit(spark, snapshot, tmp_path / "out", grace_period_ms=HOUR, min_racks=2)
+    snapshot = write_snapshot(tmp_path / "snapshot", CASES + INVALID, ORPHANS + IGNORED)
+    out = tmp_path / "out"
+    summary = run_audit(spark, snapshot, out, grace_period_ms=HOUR, min_racks=2)
+    before, before_summary = audited
+    invalid = {("invalid_metadata", 0, case.ledger_id, None, None, None) for case in INVALID}
+    assert _rows(out) == _rows(before) | invalid
+    assert _extra_rows(out) == _extra_rows(before)
+    assert summary["categories"] == before_summary["categories"] | {"invalid_metadata": 3}
+    details = {
+        r["ledger_id"]: r["detail"]
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+        if r["category"] == "invalid_metadata"
+    }
+    assert details[15] == (
+        "the snapshot's rows of ledger 15 make no valid ledger, so it is not judged: the "
+        "first segment starts at entry 1, not 0"
+    )
+    assert "ledger 16" in details[16]
+    assert "ledger 17" in details[17]
 
 
 def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:
@@ -343,7 +367,8 @@ def _ledger_rows(out: Path) -> list[tuple[Any, ...]]:
         (r["scope"], r["ledger_id"], r["category"], r["segment_index"], r["bookie_id"],
          r["missing_count"], r["detail"], None)
         for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
-        if r["category"] not in ("orphan_data", "unresponsive_registered_bookie")
+        if r["category"] not in ("orphan_data", "unresponsive_registered_bookie",
+                                 "invalid_metadata")
     ]  # fmt: skip
     extra = [
         (r["scope"], r["ledger_id"], Category.OVER_REPLICATED.value, r["segment_index"],
@@ -371,7 +396,11 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
         if ledger["state"] != "CLOSED" or ledger["last_entry_id"] < 0:
             continue
         key = (ledger["scope"], ledger["ledger_id"])
-        metadata = metadata_of(ledger, segments[key])
+        try:
+            metadata = metadata_of(ledger, segments[key])
+        except BadRequest:
+            continue  # invalid_metadata: found as injected, checked by key
+
         availability = {b: EntryAvailability.empty() for b in metadata.bookies() & responded}
         availability |= held.get(key, {})
         for v in audit_ledger(

@@ -93,7 +93,11 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
             if truth["now_ms"] - since > truth["grace_period_ms"]:
                 found[Category.UNDERREPLICATED_TOO_LONG.value].add(name)
             continue
-        metadata = metadata_of(ledger, segments[key])
+        try:
+            metadata = metadata_of(ledger, segments[key])
+        except BadRequest:
+            found[Category.INVALID_METADATA.value].add(name)
+            continue
         answered = {
             bookie: held[key].get(bookie, EntryAvailability.empty())
             for bookie in metadata.bookies() | held[key].keys()

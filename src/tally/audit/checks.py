@@ -557,32 +557,31 @@ class LedgerAuditor:
                     reports.append((values["bookie_id"][row], values["availability"][row]))
             else:
                 ensemble = values["ensemble"][row]
-                if ensemble is None:
-                    raise MalformedData(
-                        f"snapshot: a segment of {_ledger_name(scope, ledger_id)} has no ensemble"
-                    )
-                segments.append((values["first_entry_id"][row], tuple(ensemble)))
-        metadata = _standin_metadata(
-            scope,
-            ledger_id,
-            values["ensemble_size"][begin],
-            values["write_quorum"][begin],
-            values["ack_quorum"][begin],
-            values["last_entry_id"][begin],
-            values["length"][begin],
-            segments,
-        )
-        availability, undecodable = _decoded(metadata, reports, self.cluster.responded)
-        for violation in audit_ledger(
-            metadata,
-            availability,
-            racks=self.cluster.racks,
-            min_racks=self.min_racks,
-            underreplicated_since_ms=values["underreplicated_since_ms"][begin],
-            now_ms=self.now_ms,
-            grace_period_ms=self.grace_period_ms,
-            cluster_racks=self.cluster.cluster_racks,
-        ):
+                segments.append((values["first_entry_id"][row], tuple(ensemble or ())))
+        try:
+            metadata = _standin_metadata(
+                values["ensemble_size"][begin],
+                values["write_quorum"][begin],
+                values["ack_quorum"][begin],
+                values["last_entry_id"][begin],
+                values["length"][begin],
+                segments,
+            )
+            availability, undecodable = _decoded(metadata, reports, self.cluster.responded)
+            violations = audit_ledger(
+                metadata,
+                availability,
+                racks=self.cluster.racks,
+                min_racks=self.min_racks,
+                underreplicated_since_ms=values["underreplicated_since_ms"][begin],
+                now_ms=self.now_ms,
+                grace_period_ms=self.grace_period_ms,
+                cluster_racks=self.cluster.cluster_racks,
+            )
+        except BadRequest as exc:
+            found.add(scope, ledger_id, _invalid_metadata(scope, ledger_id, exc))
+            return
+        for violation in violations:
             why = undecodable.get(violation.bookie_id or "")
             if why is not None:
                 violation = dataclasses.replace(violation, detail=f"{violation.detail} ({why})")
@@ -590,8 +589,6 @@ class LedgerAuditor:
 
 
 def _standin_metadata(
-    scope: int,
-    ledger_id: int,
     ensemble_size: int,
     write_quorum: int,
     ack_quorum: int,
@@ -600,24 +597,34 @@ def _standin_metadata(
     segments: Sequence[tuple[int, tuple[str, ...]]],
 ) -> LedgerMetadata:
     """The ledger's metadata as far as the audit reads it; what the snapshot does not carry
-    (digest, master key, creator) is a stand-in. Rows that make no valid ledger are the
-    snapshot's fault: the job stops and names the ledger."""
-    try:
-        return LedgerMetadata(
-            state=LedgerState.CLOSED,
-            ensemble_size=ensemble_size,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
-            segments=tuple(Segment(first, ensemble) for first, ensemble in segments),
-            digest_type=DigestType.CRC32C,
-            master_key=_STANDIN_MASTER_KEY,
-            ctime_ms=0,
-            creator_token=b"",
-            last_entry_id=last,
-            length=length,
-        )
-    except BadRequest as exc:
-        raise MalformedData(f"snapshot: {_ledger_name(scope, ledger_id)}: {exc}") from None
+    (digest, master key, creator) is a stand-in. BadRequest if the rows make no valid
+    ledger."""
+    return LedgerMetadata(
+        state=LedgerState.CLOSED,
+        ensemble_size=ensemble_size,
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        segments=tuple(Segment(first, ensemble) for first, ensemble in segments),
+        digest_type=DigestType.CRC32C,
+        master_key=_STANDIN_MASTER_KEY,
+        ctime_ms=0,
+        creator_token=b"",
+        last_entry_id=last,
+        length=length,
+    )
+
+
+def _invalid_metadata(scope: int, ledger_id: int, error: BadRequest) -> Violation:
+    """The finding of a ledger whose snapshot rows make no valid ledger: it is not judged,
+    and the job goes on with the others."""
+    return Violation(
+        Category.INVALID_METADATA,
+        None,
+        None,
+        None,
+        f"the snapshot's rows of {_ledger_name(scope, ledger_id)} make no valid ledger, so it "
+        f"is not judged: {error}",
+    )
 
 
 def _decoded(

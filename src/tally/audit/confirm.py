@@ -10,7 +10,8 @@ of its bookies holds now (GetListOfEntriesOfLedger), judged again by the very sa
 What "still holds" means per finding:
 - a ledger finding: the fresh verdict has the same category for the ledger. A ledger that
   was potentially faulty is judged anew as a whole (its bookies may answer now: this is
-  BP-34's delayed re-check), so any category the fresh verdict finds is kept;
+  BP-34's delayed re-check), so any category the fresh verdict finds is kept; so is a
+  ledger of invalid_metadata, which the snapshot's rows did not let the checks judge;
 - orphan_data: the ledger still has no metadata and a bookie reported with its data still
   holds some; a ledger now gone drops every other finding;
 - unresponsive_registered_bookie: the bookie is still registered and still does not answer.
@@ -308,7 +309,7 @@ async def _recheck_ledger(
         grace_period_ms=context.grace_period_ms,
         cluster_racks=context.cluster_racks,
     )
-    if Category.POTENTIALLY_FAULTY in reported.categories:
+    if reported.categories & {Category.POTENTIALLY_FAULTY, Category.INVALID_METADATA}:
         return [violation for violation in fresh if violation.category.is_violation]
     return [violation for violation in fresh if violation.category in reported.categories]
 

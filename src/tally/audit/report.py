@@ -32,6 +32,7 @@ SEVERITY = (
     Category.BELOW_ACK_QUORUM,
     Category.BELOW_WRITE_QUORUM,
     Category.UNDERREPLICATED_TOO_LONG,
+    Category.INVALID_METADATA,
     Category.PLACEMENT_FAIL,
     Category.ORPHAN_DATA,
     Category.POTENTIALLY_FAULTY,
@@ -51,6 +52,7 @@ MEANING = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "a registered bookie did not answer (bookies)",
     Category.POTENTIALLY_FAULTY: "a bookie of the ledger did not answer; its copies not judged",
     Category.ORPHAN_DATA: "a bookie holds data of a ledger the metadata does not have",
+    Category.INVALID_METADATA: "the snapshot's rows of the ledger make no valid ledger: not judged",
 }
 
 COLOURS = {
@@ -63,6 +65,7 @@ COLOURS = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "#37474f",
     Category.POTENTIALLY_FAULTY: "#90a4ae",
     Category.ORPHAN_DATA: "#2e7d32",
+    Category.INVALID_METADATA: "#4e342e",
 }
 
 _CSS = """

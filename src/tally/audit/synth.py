@@ -18,12 +18,14 @@ keeps its ensemble position while it stays in a ledger, so what it holds is one 
 
 Faults are built one ledger at a time with the core's own types (`LedgerMetadata`,
 `EntryAvailability`) and each one is verified with `audit_ledger` before it is written: it
-must fall in exactly its category. Fault ledgers never touch an unresponsive bookie; every
-other closed ledger that does is listed as potentially_faulty.
+must fall in exactly its category (an invalid_metadata ledger is a healthy one, whose first
+segment's row then starts at entry 1). Fault ledgers never touch an unresponsive bookie;
+every other closed ledger that does is listed as potentially_faulty.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -88,6 +90,7 @@ _LEDGER_FAULTS = (
     Category.PLACEMENT_FAIL.value,
     Category.PLACEMENT_SOFT.value,
     Category.OVER_REPLICATED.value,
+    Category.INVALID_METADATA.value,
 )
 FAULT_KINDS = (
     *_LEDGER_FAULTS,
@@ -97,7 +100,7 @@ FAULT_KINDS = (
 DEFAULT_FAULTS = (
     "no_replica=3,below_ack_quorum=3,below_write_quorum=3,underreplicated_too_long=2,"
     f"{WITHIN_GRACE}=2,placement_fail=2,placement_soft=2,unresponsive_registered_bookie=1,"
-    "orphan_data=2,over_replicated=2"
+    "orphan_data=2,over_replicated=2,invalid_metadata=1"
 )
 FAULT_ATTEMPTS = 50
 
@@ -674,6 +677,8 @@ class _Ledger:
     metadata: LedgerMetadata
     held: dict[str, EntryAvailability]
     underreplicated_since_ms: int | None = None
+    invalid: bool = False
+    """Its rows are written broken (the first segment starting at entry 1): no valid ledger."""
 
 
 class _Injector:
@@ -707,10 +712,12 @@ class _Injector:
 
     def build(self, kind: str, index: int) -> _Ledger:
         eligible = self.eligible(kind)
-        expected = set() if kind == WITHIN_GRACE else {kind}
+        expected = set() if kind in (WITHIN_GRACE, Category.INVALID_METADATA.value) else {kind}
         for _ in range(FAULT_ATTEMPTS):
             ledger = self._attempt(kind, index, self.rng.choice(eligible))
             if ledger is not None and self.categories(ledger) == expected:
+                if kind == Category.INVALID_METADATA.value:
+                    return dataclasses.replace(ledger, invalid=True)
                 return ledger
         raise BadRequest(
             f"could not inject a {kind} fault on {self.cluster.bookies} bookies, "
@@ -929,11 +936,14 @@ def _rows(
         "underreplicated_since_ms": [ledger.underreplicated_since_ms],
     }
     bounds = metadata.segment_bounds()
+    firsts = [first for first, _ in bounds]
+    if ledger.invalid:
+        firsts[0] = 1
     segments: dict[str, list[Any]] = {
         "scope": [scope] * len(bounds),
         "ledger_id": [ledger_id] * len(bounds),
         "segment_index": list(range(len(bounds))),
-        "first_entry_id": [first for first, _ in bounds],
+        "first_entry_id": firsts,
         "last_entry_id": [last for _, last in bounds],
         "ensemble": [list(segment.ensemble) for segment in metadata.segments],
     }

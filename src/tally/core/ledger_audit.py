@@ -60,6 +60,8 @@ class Category(enum.Enum):
     UNRESPONSIVE_REGISTERED_BOOKIE = "unresponsive_registered_bookie"
     POTENTIALLY_FAULTY = "potentially_faulty"
     ORPHAN_DATA = "orphan_data"
+    INVALID_METADATA = "invalid_metadata"
+    """The Spark job's: a snapshot's rows that make no valid ledger, which is not judged."""
     OVER_REPLICATED = "over_replicated"
 
     @property
