@@ -15,6 +15,7 @@ from tally.core.digest import DigestType
 from tally.core.durability import DurabilityCategory
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import (
+    VIOLATION_CATEGORIES,
     Category,
     LedgerColumns,
     Violation,
@@ -412,7 +413,9 @@ def test_a_negative_grace_period_is_refused() -> None:
 
 def test_category_values_are_the_report_names() -> None:
     assert [c.value for c in Category] == [c.name.lower() for c in Category]
-    assert len(Category) == 10
+    assert len(Category) == 11
+    assert [c for c in Category if not c.is_violation] == [Category.OVER_REPLICATED]
+    assert tuple(c for c in Category if c.is_violation) == VIOLATION_CATEGORIES
 
 
 # -- clean_ledgers: the batch fast path -------------------------------------------------------
