@@ -22,7 +22,8 @@ from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration_ms
 from tally.cli.main import app as tally_app
 from tally.core.availability import EntryAvailability
-from tally.core.ledger_audit import Category, audit_ledger
+from tally.core.errors import BadRequest
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.schedule import write_set
 from tests.audit.snapshot_rows import metadata_of
 
@@ -155,6 +156,13 @@ def _rows(out: Path) -> set[tuple[Any, ...]]:
     }  # fmt: skip
 
 
+def _extra_rows(out: Path) -> set[tuple[Any, ...]]:
+    return {
+        (r["scope"], r["ledger_id"], r["segment_index"], r["bookie_id"], r["entries"], r["bytes"])
+        for r in pq.read_table(out / schema.OVER_REPLICATED).to_pylist()
+    }
+
+
 @pytest.fixture(scope="module")
 def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_snapshot(tmp_path_factory.mktemp("handmade"), CASES, ORPHANS + IGNORED)
@@ -177,8 +185,6 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         ("placement_fail", 0, 7, 0, None, None),
         ("placement_soft", 0, 8, 0, None, None),
         ("potentially_faulty", 0, 9, None, "b6", None),
-        ("misplaced_entry", 0, 10, 0, "b2", 1),
-        ("misplaced_entry", 0, 10, 0, "b5", 2),
         ("potentially_faulty", 0, 14, None, "b1", None),
         ("orphan_data", 0, 99, None, "b0", 3),
         ("orphan_data", 0, 99, None, "b1", 3),
@@ -195,8 +201,11 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         "unresponsive_registered_bookie": 1,
         "potentially_faulty": 2,
         "orphan_data": 2,
-        "misplaced_entry": 1,
+        "invalid_metadata": 0,
     }
+    # Ledger 10's extra copies: apart from the violations, one byte per entry (its length).
+    assert _extra_rows(out) == {(0, 10, 0, "b2", 1, 1), (0, 10, 0, "b5", 2, 2)}
+    assert summary["over_replication"] == {"ledgers": 1, "rows": 2, "entries": 3, "bytes": 3}
     assert summary["ledgers_checked"] == 12
     assert set(summary["timings"]) == {"read", "audit", "summary", "total", "report"}
     assert summary["params"]["now_ms"] == NOW
@@ -231,6 +240,9 @@ def test_violations_have_the_contract_schema(audited: tuple[Path, dict[str, Any]
     assert pq.read_schema(next((out / schema.VIOLATIONS).glob("*.parquet"))).equals(
         schema.VIOLATIONS_SCHEMA
     )
+    assert pq.read_schema(next((out / schema.OVER_REPLICATED).glob("*.parquet"))).equals(
+        schema.OVER_REPLICATED_SCHEMA
+    )
 
 
 def test_ledgers_split_across_arrow_batches_are_judged_whole(
@@ -244,6 +256,7 @@ def test_ledgers_split_across_arrow_batches_are_judged_whole(
     finally:
         spark.conf.set(key, before)
     assert _rows(tmp_path) == _rows(audited[0])
+    assert _extra_rows(tmp_path) == _extra_rows(audited[0])
 
 
 def test_the_cluster_racks_are_those_of_registered_bookies() -> None:
@@ -265,18 +278,52 @@ def test_the_grace_period_and_min_racks_change_the_verdict(
     assert summary["categories"]["placement_fail"] == 0
     assert summary["categories"]["placement_soft"] == 2  # ledger 7 is now soft too
     summary = run_audit(
-        spark, handmade, tmp_path, grace_period_ms=0, min_racks=2, now_ms=NOW + 3 * HOUR
+        spark, handmade, tmp_path, grace_period_ms=2 * HOUR, min_racks=2, now_ms=NOW + 3 * HOUR
     )
     assert summary["categories"]["underreplicated_too_long"] == 2
 
 
-def test_a_snapshot_row_that_is_no_valid_ledger_stops_the_job(
-    spark: SparkSession, tmp_path: Path
+def test_a_grace_period_of_zero_never_reports_a_mark_as_the_online_check(
+    spark: SparkSession, handmade: Path, tmp_path: Path
 ) -> None:
-    bad = Case(5, [ABC], 29, firsts=[1])
-    snapshot = write_snapshot(tmp_path / "snapshot", [bad], [])
-    with pytest.raises(Exception, match=r"snapshot: ledger 5: the first segment starts at entry 1"):
-        run_audit(spark, snapshot, tmp_path / "out", grace_period_ms=HOUR, min_racks=2)
+    """One meaning of 0 (BookKeeper's): the report is off, however long the marks are old;
+    the marked ledgers are still left to the worker, not judged."""
+    summary = run_audit(
+        spark, handmade, tmp_path, grace_period_ms=0, min_racks=2, now_ms=NOW + 300 * HOUR
+    )
+    assert summary["categories"]["underreplicated_too_long"] == 0
+    assert not {ledger for _, _, ledger, *_ in _rows(tmp_path)} & {5, 6}
+
+
+INVALID = [
+    Case(15, [ABC], 29, firsts=[1]),  # the first segment starts at entry 1
+    Case(16, [ABC, ("b0", "b1")], 29, firsts=[0, 10]),  # an ensemble of two, E is 3
+    Case(17, [ABC, ("b3", "b4", "b5")], 29, firsts=[0, 40]),  # a segment past the end
+]
+
+
+def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on(
+    spark: SparkSession, audited: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    snapshot = write_snapshot(tmp_path / "snapshot", CASES + INVALID, ORPHANS + IGNORED)
+    out = tmp_path / "out"
+    summary = run_audit(spark, snapshot, out, grace_period_ms=HOUR, min_racks=2)
+    before, before_summary = audited
+    invalid = {("invalid_metadata", 0, case.ledger_id, None, None, None) for case in INVALID}
+    assert _rows(out) == _rows(before) | invalid
+    assert _extra_rows(out) == _extra_rows(before)
+    assert summary["categories"] == before_summary["categories"] | {"invalid_metadata": 3}
+    details = {
+        r["ledger_id"]: r["detail"]
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+        if r["category"] == "invalid_metadata"
+    }
+    assert details[15] == (
+        "the snapshot's rows of ledger 15 make no valid ledger, so it is not judged: the "
+        "first segment starts at entry 1, not 0"
+    )
+    assert "ledger 16" in details[16]
+    assert "ledger 17" in details[17]
 
 
 def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:
@@ -303,7 +350,7 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
     summary = run_audit(
         spark, synthetic, tmp_path, grace_period_ms=truth["grace_period_ms"], min_racks=2
     )
-    found: dict[str, set[str]] = {category.value: set() for category in Category}
+    found: dict[str, set[str]] = {category.value: set() for category in VIOLATION_CATEGORIES}
     for row in pq.read_table(tmp_path / schema.VIOLATIONS).to_pylist():
         key = (
             row["bookie_id"]
@@ -311,23 +358,37 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
             else ledger_key(row["scope"], row["ledger_id"])
         )
         found[row["category"]].add(key)
+    over = Category.OVER_REPLICATED.value
     assert found == {name: set(keys) for name, keys in truth["categories"].items()}
     assert summary["categories"] == {name: len(keys) for name, keys in truth["categories"].items()}
     assert found["potentially_faulty"], "the snapshot should exercise silent bookies"
+    extra = pq.read_table(tmp_path / schema.OVER_REPLICATED).to_pylist()
+    assert {ledger_key(r["scope"], r["ledger_id"]) for r in extra} == set(truth[over])
+    assert summary["over_replication"]["ledgers"] == len(truth[over])
+    assert summary["over_replication"]["entries"] == sum(r["entries"] for r in extra)
+    assert summary["over_replication"]["bytes"] == sum(r["bytes"] for r in extra) > 0
 
     # The batch path and the per-ledger check agree on every ledger, word for word.
-    assert _ledger_rows(pq.read_table(tmp_path / schema.VIOLATIONS)) == _one_by_one(
+    assert _ledger_rows(tmp_path) == _one_by_one(
         synthetic, truth["now_ms"], truth["grace_period_ms"]
     )
 
 
-def _ledger_rows(table: pa.Table) -> list[tuple[Any, ...]]:
-    return sorted(
+def _ledger_rows(out: Path) -> list[tuple[Any, ...]]:
+    """The ledger findings of a run, violations and over-replication, as `_one_by_one`'s."""
+    violations = [
         (r["scope"], r["ledger_id"], r["category"], r["segment_index"], r["bookie_id"],
-         r["missing_count"], r["detail"])
-        for r in table.to_pylist()
-        if r["category"] not in ("orphan_data", "unresponsive_registered_bookie")
-    )  # fmt: skip
+         r["missing_count"], r["detail"], None)
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+        if r["category"] not in ("orphan_data", "unresponsive_registered_bookie",
+                                 "invalid_metadata")
+    ]  # fmt: skip
+    extra = [
+        (r["scope"], r["ledger_id"], Category.OVER_REPLICATED.value, r["segment_index"],
+         r["bookie_id"], r["entries"], r["detail"], r["bytes"])
+        for r in pq.read_table(out / schema.OVER_REPLICATED).to_pylist()
+    ]  # fmt: skip
+    return sorted(violations + extra)
 
 
 def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple[Any, ...]]:
@@ -348,7 +409,11 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
         if ledger["state"] != "CLOSED" or ledger["last_entry_id"] < 0:
             continue
         key = (ledger["scope"], ledger["ledger_id"])
-        metadata = metadata_of(ledger, segments[key])
+        try:
+            metadata = metadata_of(ledger, segments[key])
+        except BadRequest:
+            continue  # invalid_metadata: found as injected, checked by key
+
         availability = {b: EntryAvailability.empty() for b in metadata.bookies() & responded}
         availability |= held.get(key, {})
         for v in audit_ledger(
@@ -361,8 +426,9 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
             grace_period_ms=grace_period_ms,
         ):
             rows.append(
-                (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail)
-            )
+                (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail,
+                 v.byte_count)
+            )  # fmt: skip
     return sorted(rows)
 
 

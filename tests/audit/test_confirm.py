@@ -21,7 +21,7 @@ from tally.audit import schema
 from tally.audit.confirm import CONFIRMED, CONFIRMED_JSON, confirm
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
 from tally.core.metadata import LedgerMetadata
 from tally.metadata.bookie_registry import BookiePlacement
 from tally.metadata.underreplication import UnderReplicationManager
@@ -178,7 +178,7 @@ def test_confirm_keeps_what_still_holds_and_drops_what_changed(
     fake, result = asyncio.run(run())
     report = tmp_path / "report"
     assert json.loads((report / CONFIRMED_JSON).read_text()) == result
-    counts = {category.value: 0 for category in Category}
+    counts = {category.value: 0 for category in VIOLATION_CATEGORIES}
     counts |= {
         "below_write_quorum": 3,
         "orphan_data": 1,
@@ -245,3 +245,25 @@ def test_confirming_again_replaces_the_previous_confirmation(
     for _ in range(2):
         assert asyncio.run(confirm(report, cluster.uri))["confirmed"] == 1
         assert pq.read_table(report / CONFIRMED).num_rows == 1
+
+
+def test_a_ledger_the_snapshot_could_not_judge_is_judged_on_its_live_metadata(
+    cluster: Cluster, ledgers: Ledgers, tmp_path: Path
+) -> None:
+    """invalid_metadata: the snapshot's rows made no valid ledger; the store's metadata does,
+    so the ledger is judged afresh as a whole, as a potentially faulty one is."""
+    report = _report(
+        tmp_path / "report",
+        [
+            _row(ledgers["damaged"], Category.INVALID_METADATA),
+            _row(ledgers["healthy"], Category.INVALID_METADATA),
+        ],
+        {},
+    )
+    result = asyncio.run(confirm(report, cluster.uri))
+    victim = ledgers.metadata["damaged"].segments[0].ensemble[0]
+    rows = pq.read_table(report / CONFIRMED).to_pylist()
+    assert [(r["ledger_id"], r["category"], r["bookie_id"]) for r in rows] == [
+        (schema.to_int64(ledgers["damaged"].id), "below_write_quorum", victim)
+    ]
+    assert (result["confirmed"], result["dropped"]) == (1, 2)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from tally.audit import schema
 from tally.audit.report import WORST_LEDGERS, write_report
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
 
 SUMMARY: dict[str, Any] = {
     "categories": {category.value: 0 for category in Category}
@@ -107,6 +107,35 @@ def test_a_clean_run_says_so(tmp_path: Path) -> None:
     assert "no violation found" in text
     assert "No ledger has a finding." in text
     assert "No finding names a bookie." in text
+    assert "No extra copies." in text
+
+
+def test_over_replication_is_shown_apart_from_the_violations(tmp_path: Path) -> None:
+    names = schema.OVER_REPLICATED_SCHEMA.names
+    extra = [
+        (0, 11, 0, "b1", 10, 40_960, "bookie b1 holds 10 entries of segment 0 ..."),
+        (0, 12, 1, "b1", 5, 20_480, "..."),
+        (0, 12, 0, "<b2>", 7, 700, "..."),
+    ]
+    table = pa.Table.from_pylist(
+        [dict(zip(names, row, strict=True)) for row in extra], schema.OVER_REPLICATED_SCHEMA
+    )
+    summary = SUMMARY | {
+        "categories": {category.value: 0 for category in VIOLATION_CATEGORIES},
+        "over_replication": {"ledgers": 2, "rows": 3, "entries": 22, "bytes": 62_140},
+    }
+    path = write_report(tmp_path, summary, _violations([]), RACKS, over_replicated=table)
+    html = path.read_text(encoding="utf-8")
+    text = " ".join(_parse(path).text)
+    assert "no violation found" in text
+    assert "22 extra copies (about 62,140 bytes) on 2 ledgers, which are not violations" in text
+    assert "No ledger has a finding." in text
+    section = text[text.index("Over-replication") :]
+    assert "not a violation, no alert" in section
+    assert section.index("b1") < section.index("<b2>")  # most bytes first
+    assert "&lt;b2&gt;" in html
+    assert "61,440" in section  # b1's bytes over its two rows
+    assert "over_replicated" not in html[: html.index("Over-replication")]
 
 
 def test_the_violations_can_come_from_their_dataset(tmp_path: Path) -> None:
@@ -119,7 +148,7 @@ def test_the_violations_can_come_from_their_dataset(tmp_path: Path) -> None:
 
 
 def test_only_the_worst_ledgers_are_listed(tmp_path: Path) -> None:
-    rows = [(0, i, "misplaced_entry", 0, "b0", 1, f"stray {i}") for i in range(100)]
+    rows = [(0, i, "placement_soft", 0, None, None, f"stray {i}") for i in range(100)]
     rows.append((0, 500, "below_write_quorum", 0, "b1", 1, "the worst one"))
     text = " ".join(_parse(write_report(tmp_path, SUMMARY, _violations(rows), RACKS)).text)
     assert "the worst one" in text

@@ -29,7 +29,8 @@ from tally.audit.synth import (
 from tally.core.availability import EntryAvailability
 from tally.core.durability import check_ledger
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
+from tally.core.metadata import LedgerMetadata
 from tally.core.placement import PlacementAdherence, RackAwarePlacementPolicy
 from tally.core.schedule import expected_entries
 from tests.audit.snapshot_rows import metadata_of
@@ -92,18 +93,21 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
             if truth["now_ms"] - since > truth["grace_period_ms"]:
                 found[Category.UNDERREPLICATED_TOO_LONG.value].add(name)
             continue
-        metadata = metadata_of(ledger, segments[key])
+        try:
+            metadata = metadata_of(ledger, segments[key])
+        except BadRequest:
+            found[Category.INVALID_METADATA.value].add(name)
+            continue
         answered = {
             bookie: held[key].get(bookie, EntryAvailability.empty())
-            for bookie in metadata.bookies()
+            for bookie in metadata.bookies() | held[key].keys()
             if bookie in responded
         }
-        assert set(held[key]) <= metadata.bookies(), "no data outside the ensembles"
         verdict = check_ledger(metadata, answered)
         if verdict.category is not None:
             found[verdict.category.value].add(name)
-        if any(finding.misplaced for finding in verdict.findings):
-            found[Category.MISPLACED_ENTRY.value].add(name)
+        if _has_extra_copies(metadata, answered):
+            found[Category.OVER_REPLICATED.value].add(name)
         if verdict.potentially_faulty:
             found[Category.POTENTIALLY_FAULTY.value].add(name)
         worst = min(
@@ -122,6 +126,30 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
     return {category: keys for category, keys in found.items() if keys}
 
 
+def _has_extra_copies(metadata: LedgerMetadata, held: dict[str, EntryAvailability]) -> bool:
+    """Whether a bookie holds an entry of a segment beyond its position's schedule there."""
+    e, wq = metadata.ensemble_size, metadata.write_quorum
+    for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True):
+        assert last is not None
+        span = EntryAvailability.span(first, last) if last >= first else EntryAvailability.empty()
+        for bookie, entries in held.items():
+            owed = (
+                expected_entries(first, last, e, wq, segment.ensemble.index(bookie))
+                if bookie in segment.ensemble
+                else EntryAvailability.empty()
+            )
+            if entries.intersection(span).difference(owed):
+                return True
+    return False
+
+
+def _expected(truth: dict[str, Any]) -> dict[str, set[str]]:
+    """What the truth says a reference audit finds: violations and over-replication alike."""
+    found = {category: set(keys) for category, keys in truth["categories"].items()}
+    found[Category.OVER_REPLICATED.value] = set(truth[Category.OVER_REPLICATED.value])
+    return {category: keys for category, keys in found.items() if keys}
+
+
 def _marked_ledgers(out: Path) -> dict[str, dict[str, Any]]:
     return {
         ledger_key(row["scope"], row["ledger_id"]): row
@@ -134,20 +162,19 @@ def _marked_ledgers(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_the_independent_audit_finds_exactly_the_truth(default_snapshot: Path) -> None:
-    truth = _truth(default_snapshot)
-    expected = {category: set(keys) for category, keys in truth["categories"].items() if keys}
-    assert reference_audit(default_snapshot) == expected
+    assert reference_audit(default_snapshot) == _expected(_truth(default_snapshot))
 
 
 def test_every_category_is_injected_with_the_default_spec(default_snapshot: Path) -> None:
     truth = _truth(default_snapshot)
-    assert set(truth["categories"]) == {category.value for category in Category}
+    assert set(truth["categories"]) == {category.value for category in VIOLATION_CATEGORIES}
     assert all(truth["categories"].values()), truth["categories"]
+    over = Category.OVER_REPLICATED.value
     wanted = parse_faults(DEFAULT_FAULTS)
     for kind, count in wanted.items():
-        found = truth[WITHIN_GRACE] if kind == WITHIN_GRACE else truth["categories"][kind]
+        found = truth[kind] if kind in (WITHIN_GRACE, over) else truth["categories"][kind]
         assert len(found) == count, kind
-    for keys in [*truth["categories"].values(), truth[WITHIN_GRACE]]:
+    for keys in [*truth["categories"].values(), truth[WITHIN_GRACE], truth[over]]:
         assert keys == sorted(keys)
     assert truth["grace_period_ms"] > 0
     assert truth["params"]["min_racks"] == 2
@@ -248,6 +275,7 @@ def test_a_snapshot_without_faults_has_no_findings(tmp_path: Path) -> None:
     )
     assert reference_audit(out) == {}
     assert not any(_truth(out)["categories"].values())
+    assert not _truth(out)[Category.OVER_REPLICATED.value]
     assert progress[-1] == ("ledgers", 2500, 2500)
 
 

@@ -4,6 +4,7 @@ bookie's back, bookies paused and killed, metadata changed while the check runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +20,9 @@ from tally.client.bookie_pool import BookiePool
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
+from tally.core.digest import master_key
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import Category, OverReplication, Violation
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import READONLY, WRITABLE
@@ -39,7 +41,11 @@ GAUGES = {
     "underreplicated_too_long": "auditor_num_ledgers_underreplicated_too_long",
     "unresponsive_registered_bookie": "auditor_num_unresponsive_registered_bookies",
     "potentially_faulty": "auditor_num_ledgers_potentially_faulty",
-    "misplaced_entry": "auditor_num_ledgers_with_misplaced_entries",
+}
+OVER_REPLICATION_GAUGES = {
+    "ledgers": "auditor_num_ledgers_over_replicated",
+    "entries": "auditor_over_replicated_entries",
+    "bytes": "auditor_over_replicated_bytes",
 }
 
 
@@ -54,6 +60,10 @@ def _counts(**found: int) -> dict[str, int]:
 
 def _gauges() -> dict[str, float | None]:
     return {category: REGISTRY.get_sample_value(name) for category, name in GAUGES.items()}
+
+
+def _over_replication_gauges() -> dict[str, float | None]:
+    return {key: REGISTRY.get_sample_value(name) for key, name in OVER_REPLICATION_GAUGES.items()}
 
 
 @pytest.fixture
@@ -228,6 +238,53 @@ async def test_a_healthy_cluster_has_no_findings(cluster: Cluster) -> None:
     assert {ledger for _, ledger in pool.asked} == {record.ledger_id for record in closed}
     assert len(pool.asked) == 3 * len(closed)  # each bookie once per ledger
     assert _gauges() == dict.fromkeys(GAUGES, 0.0)
+    assert report.over_replicated == ()
+    assert _over_replication_gauges() == dict.fromkeys(OVER_REPLICATION_GAUGES, 0.0)
+
+
+# -- extra copies --------------------------------------------------------------------------
+
+
+async def test_extra_copies_are_counted_apart_in_bytes_never_as_findings_nor_marked(
+    four_bookies: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Copies written where no write set puts them (as a bookie keeps them from a position
+    it held before): over-replication on the ledger's own bookies, in entries and bytes, with
+    no finding, no mark and no warning; a bookie the ledger does not name is not asked."""
+    (record,) = await _write(four_bookies, (3, 2, 2))
+    ledger_id, metadata = record.ledger_id, record.metadata
+    ensemble = metadata.segments[0].ensemble
+    outsider = next(b.address for b in four_bookies.bookies if b.address not in ensemble)
+    member = next(b for b in ensemble if b not in _holders(record, 0))
+    async with Client(four_bookies.uri) as client:
+        raw = await (await client.context.bookies.get(_holders(record, 0)[0])).read(ledger_id, 0)
+        for target in (member, outsider):
+            connection = await client.context.bookies.get(target)
+            await connection.add(raw, master_key(PASSWORD), recovery=True)
+
+    caplog.set_level(logging.INFO, logger="tally.autorecovery.replicas_check")
+    report, pool, marks = await _check(four_bookies, _config())
+    assert report.counts == _counts()
+    assert report.findings == ()
+    assert marks == {}
+    assert outsider not in {bookie for bookie, _ in pool.asked}
+    size = metadata.length // (metadata.last_entry_id + 1)
+    assert report.over_replicated == (
+        (ledger_id, Violation(
+            Category.OVER_REPLICATED, 0, member, 1,
+            f"bookie {member} holds 1 entries of segment 0 (position {ensemble.index(member)}) "
+            f"outside its write sets (entries 0), about {size} bytes: extra copies, not a "
+            "violation",
+            size,
+        )),
+    )  # fmt: skip
+    assert report.over_replication == OverReplication(ledgers=1, rows=1, entries=1, bytes=size)
+    assert _over_replication_gauges() == {"ledgers": 1.0, "entries": 1.0, "bytes": float(size)}
+    assert _gauges() == dict.fromkeys(GAUGES, 0.0)
+    over = [r for r in caplog.records if "over-replicated" in r.getMessage()]
+    assert over
+    assert all(r.levelno == logging.INFO for r in over)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # -- lost copies ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tests.support.cluster import (  # noqa: F401 (fixtures' helpers, used by th
     SESSION_TIMEOUT,
     Cluster,
     eventually_writable,
+    extra_copies,
     read_all,
     replica_copies,
     running_cluster,

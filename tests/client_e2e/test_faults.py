@@ -36,6 +36,7 @@ from tests.client_e2e.conftest import (
     FAST,
     Cluster,
     eventually_writable,
+    extra_copies,
     read_all,
     replica_copies,
     running_cluster,
@@ -91,6 +92,10 @@ async def test_bookie_killed_mid_stream_writer_changes_ensemble(healthy: Cluster
         assert r.last_entry_id == 2499
         assert r.metadata.segments == segments
         assert await read_all(r) == dict(enumerate(payloads))
+    # The newcomer got the entries from its segment's first on, nothing below it; what the
+    # killed bookie may hold past its segment would be extra copies left from its position.
+    live = {b.address for b in cluster.bookies} - {victim}
+    assert await extra_copies(w.ledger_id, r.metadata, live) == []
 
 
 async def test_write_error_after_ack_quorum_changes_ensemble_and_marks(healthy: Cluster) -> None:
@@ -298,6 +303,9 @@ async def test_recovery_replaces_a_dead_bookie_that_an_unconfirmed_entry_needs(
             await connection.close()
         decoded = decode_entry(raw, DigestType.CRC32C, mac_key(PASSWORD))
         assert decoded.payload == payload(5, 9)
+    # The re-write went to the new segment's write set only, not to any other bookie.
+    live = {b.address for b in cluster.bookies} - {victim}
+    assert await extra_copies(ledger_id, r.metadata, live) == []
 
 
 async def test_a_bookie_that_failed_is_kept_out_of_new_ensembles_while_registered(

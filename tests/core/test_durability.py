@@ -124,7 +124,7 @@ def test_entry_lost_everywhere_is_no_replica() -> None:
     assert verdict.fewest_copies == 0
 
 
-def test_misplaced_entries_are_reported_but_do_not_count_as_copies() -> None:
+def test_copies_outside_the_write_set_do_not_count_as_copies() -> None:
     metadata = rotating_ledger(4, 2, 2, [], 19)
     held = _held_by_schedule(metadata)
     # Entry 0 goes to positions 0 and 1; put it on b2 instead of b1.
@@ -132,8 +132,7 @@ def test_misplaced_entries_are_reported_but_do_not_count_as_copies() -> None:
     held["b2"].add(0)
     verdict = check_ledger(metadata, _availability(metadata, held))
     assert verdict.category is DurabilityCategory.BELOW_ACK_QUORUM
-    misplaced = {(f.bookie_id, tuple(f.misplaced)) for f in verdict.findings if f.misplaced}
-    assert misplaced == {("b2", (0,))}
+    assert [(f.bookie_id, tuple(f.missing)) for f in verdict.findings] == [("b1", (0,))]
 
 
 def test_entries_past_the_end_are_not_reported() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -14,11 +15,13 @@ from tally.core.digest import DigestType
 from tally.core.durability import DurabilityCategory
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import (
+    VIOLATION_CATEGORIES,
     Category,
     LedgerColumns,
     Violation,
     audit_ledger,
     clean_ledgers,
+    marked_too_long,
     potentially_faulty,
 )
 from tally.core.metadata import LedgerMetadata, LedgerState, Segment
@@ -113,7 +116,7 @@ def _expected_rows(
     bounds = metadata.segment_bounds()
     fewest = wq
     missing: dict[tuple[int, str], int] = {}
-    misplaced: dict[tuple[int, str], int] = {}
+    extra: dict[tuple[int, str], int] = {}
     for index, (segment, (first, last)) in enumerate(zip(metadata.segments, bounds, strict=True)):
         assert last is not None
         for entry in range(first, last + 1):
@@ -129,7 +132,7 @@ def _expected_rows(
             owners = {segment.ensemble[p] for p in positions}
             for bookie, entries in held.items():
                 if entry in entries and bookie not in owners:
-                    misplaced[index, bookie] = misplaced.get((index, bookie), 0) + 1
+                    extra[index, bookie] = extra.get((index, bookie), 0) + 1
     rows: list[tuple[str, int | None, str | None, int | None]] = []
     category = DurabilityCategory.of_copies(fewest, wq, aq)
     if category is not None:
@@ -139,7 +142,7 @@ def _expected_rows(
             for segment in [metadata.segments[index]]
         ]
         rows += [(category.value, i, b, n) for i, _, b, n in sorted(by_position)]
-    rows += [("misplaced_entry", i, b, n) for (i, b), n in sorted(misplaced.items())]
+    rows += [("over_replicated", i, b, n) for (i, b), n in sorted(extra.items())]
     holding = {  # an empty trailing segment's bookies hold nothing that counts
         bookie
         for segment, (first, last) in zip(metadata.segments, bounds, strict=True)
@@ -173,6 +176,12 @@ def test_rows_match_a_brute_force_count_of_every_entry(
     for violation in found:
         if violation.missing_count is not None:
             assert str(violation.missing_count) in violation.detail
+        if violation.category is Category.OVER_REPLICATED:
+            assert violation.missing_count is not None
+            mean = metadata.length / (metadata.last_entry_id + 1)
+            assert violation.byte_count == int(violation.missing_count * mean)
+        else:
+            assert violation.byte_count is None
 
 
 @settings(max_examples=100, deadline=None)
@@ -187,6 +196,36 @@ def test_a_marked_ledger_is_judged_only_on_how_long_it_has_been_marked(
     else:
         assert _rows(found) == [("underreplicated_too_long", None, None, None)]
         assert f"{marked_for} ms ago" in found[0].detail
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    audited_ledgers(),
+    st.integers(0, 10 * HOUR_MS),
+    st.integers(0, 10 * HOUR_MS),
+    st.sampled_from([0, 0, 1, HOUR_MS]) | st.integers(0, 3 * HOUR_MS),
+)
+def test_the_spark_audit_and_the_online_check_read_the_grace_period_alike(
+    case: tuple[LedgerMetadata, dict[str, set[int]], dict[str, str]],
+    since: int,
+    now: int,
+    grace: int,
+) -> None:
+    """`audit_ledger` (the Spark job, confirm) reports a mark exactly when `marked_too_long`
+    (the online check) does: a grace period of 0 never reports one."""
+    metadata, held, racks = case
+    found = audit_ledger(
+        metadata,
+        {b: EntryAvailability.from_entries(s) for b, s in held.items()},
+        racks=racks,
+        min_racks=2,
+        underreplicated_since_ms=since,
+        now_ms=now,
+        grace_period_ms=grace,
+    )
+    assert bool(found) == marked_too_long(since, now, grace)
+    if grace == 0:
+        assert found == []
 
 
 # -- one example per category ------------------------------------------------------------------
@@ -237,22 +276,41 @@ def test_the_worst_entry_sets_the_category_of_every_row() -> None:
     assert {v.category for v in _audit(metadata, held)} == {Category.NO_REPLICA}
 
 
-def test_entries_outside_their_write_sets_are_misplaced() -> None:
+def test_entries_outside_their_write_sets_are_over_replication_counted_in_bytes() -> None:
     metadata = _ledger(2, 2, [ABC, ("b3", "b4", "b5")], [0, 10], 19)
+    metadata = dataclasses.replace(metadata, length=20 * 1000 + 7)  # 1000.35 bytes per entry
     held = held_by_schedule(metadata)
     held["b2"].add(0)  # entry 0 goes to b0 and b1
     held["b0"].add(15)  # b0 is not in segment 1
     held["b7"] = {1, 2, 30}  # b7 is in no ensemble; 30 is past the end
     found = _audit(metadata, held)
     assert _rows(found) == [
-        ("misplaced_entry", 0, "b2", 1),
-        ("misplaced_entry", 0, "b7", 2),
-        ("misplaced_entry", 1, "b0", 1),
+        ("over_replicated", 0, "b2", 1),
+        ("over_replicated", 0, "b7", 2),
+        ("over_replicated", 1, "b0", 1),
     ]
+    assert [v.byte_count for v in found] == [1000, 2000, 1000]
+    assert found[0].detail == (
+        "bookie b2 holds 1 entries of segment 0 (position 2) outside its write sets "
+        "(entries 0), about 1000 bytes: extra copies, not a violation"
+    )
     assert found[1].detail == (
         "bookie b7 holds 2 entries of segment 0 although it is not in the segment's ensemble "
-        "(entries 1, 2)"
+        "(entries 1, 2), about 2000 bytes: extra copies, not a violation"
     )
+    assert not any(v.category.is_violation for v in found)
+
+
+def test_a_bookie_back_at_another_position_holds_every_entry_extra_copies_only() -> None:
+    """The copies the issue found: b3 held position 0, was replaced there by b4 while it was
+    down, came back and was later chosen for position 1; what it keeps of position 0 is
+    over-replication, and the ledger has no violation."""
+    metadata = _ledger(2, 2, [("b4", "b3", "b2")], [0], 29)
+    held = held_by_schedule(metadata)
+    held["b3"] = set(range(30))
+    found = _audit(metadata, held)
+    assert _rows(found) == [("over_replicated", 0, "b3", 10)]
+    assert [v.category for v in found if v.category.is_violation] == []
 
 
 def test_entries_past_the_end_are_leftovers_not_strays() -> None:
@@ -365,7 +423,9 @@ def test_a_negative_grace_period_is_refused() -> None:
 
 def test_category_values_are_the_report_names() -> None:
     assert [c.value for c in Category] == [c.name.lower() for c in Category]
-    assert len(Category) == 10
+    assert len(Category) == 11
+    assert [c for c in Category if not c.is_violation] == [Category.OVER_REPLICATED]
+    assert tuple(c for c in Category if c.is_violation) == VIOLATION_CATEGORIES
 
 
 # -- clean_ledgers: the batch fast path -------------------------------------------------------

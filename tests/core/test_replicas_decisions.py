@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tally.core.availability import MAX_SEQUENCE, EntryAvailability, SequenceGroup
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import Category, marked_too_long, over_replicated
 from tally.core.metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     bookies_to_ask,
@@ -18,7 +18,6 @@ from tally.core.replicas_decisions import (
     describe,
     entry_ranges,
     judge_ledger,
-    marked_too_long,
 )
 from tally.core.schedule import write_set
 from tests.support.ledgers import held_by_schedule, rotating_ledger
@@ -132,14 +131,21 @@ def test_a_registered_bookie_that_did_not_answer_is_not_judged() -> None:
     assert judgement.durability.fewest_copies == 2
 
 
-def test_misplaced_entries_are_reported_but_not_marked() -> None:
+def test_extra_copies_are_over_replication_neither_a_category_nor_marked() -> None:
     metadata = _closed(3, 2, 2, 20)
     held = held_by_schedule(metadata)
     extra = next(e for e in range(21) if e not in held["b0"])
     held["b0"].add(extra)
+    held["b5"] = {3, 4}  # a bookie the ledger does not name, as the Spark job may see one
     judgement = judge_ledger(metadata, _answers(held))
-    assert judgement.categories == (Category.MISPLACED_ENTRY,)
+    assert judgement.categories == ()
     assert judgement.mark_bookies == frozenset()
+    assert judgement.noteworthy
+    assert judgement.over_replicated == tuple(over_replicated(metadata, _answers(held)))
+    assert [(v.bookie_id, v.missing_count) for v in judgement.over_replicated] == [
+        ("b0", 1),
+        ("b5", 2),
+    ]
 
 
 def test_every_category_of_a_ledger_is_reported_worst_first() -> None:
@@ -149,11 +155,8 @@ def test_every_category_of_a_ledger_is_reported_worst_first() -> None:
     held["b1"].add(next(e for e in range(21) if e not in held["b1"] and e != 1))
     del held["b3"]
     judgement = judge_ledger(metadata, _answers(held))
-    assert judgement.categories == (
-        Category.BELOW_WRITE_QUORUM,
-        Category.MISPLACED_ENTRY,
-        Category.POTENTIALLY_FAULTY,
-    )
+    assert judgement.categories == (Category.BELOW_WRITE_QUORUM, Category.POTENTIALLY_FAULTY)
+    assert [v.bookie_id for v in judgement.over_replicated] == ["b1"]
 
 
 @pytest.mark.parametrize("metadata", [_open(3, 2, 2), _open(3, 2, 2).close(-1, 0)])
@@ -222,13 +225,13 @@ def test_a_description_names_quorums_copies_bookies_and_ranges() -> None:
     assert "unregistered bookies ['b2'] did not answer" in text
 
 
-def test_a_description_names_unresponsive_and_misplaced() -> None:
+def test_a_description_names_unresponsive_and_extra_copies() -> None:
     metadata = _closed(3, 2, 2, 20)
     held = held_by_schedule(metadata)
     held["b0"].add(next(e for e in range(21) if e not in held["b0"]))
     del held["b1"]
     text = describe(metadata, judge_ledger(metadata, _answers(held)))
-    assert "bookie b0 (position 0) holds 1 outside its write sets" in text
+    assert "bookie b0 holds 1 entries of segment 0 (position 0) outside its write sets" in text
     assert "registered bookies ['b1'] did not answer: their copies are not judged" in text
 
 

@@ -313,6 +313,7 @@ def test_applying_the_plan_restores_write_quorum_copies(
     spare = iter(f"new{i}" for i in range(100))
     lost_entries: set[int] = set()
     uncommitted: set[tuple[int, int]] = set()
+    copied: set[tuple[int, int, str, int]] = set()
     updated = metadata
     for segment in plan.segments:
         assert segment.last_entry_id >= segment.first_entry_id
@@ -329,12 +330,20 @@ def test_applying_the_plan_restores_write_quorum_copies(
                     lost_entries.add(sources.entry_id)
                 continue
             assert source not in lost
-            for _, bookie in targets_of(sources, new):
+            for repair, bookie in targets_of(sources, new):
                 held[bookie].add(sources.entry_id)
+                copied.add((segment.index, repair.position, bookie, sources.entry_id))
         uncommitted |= {(segment.index, p) for p in failed}
         result = apply_replacements(updated, metadata, replacements_of(segment, new, failed))
         assert result is not None
         updated = result
+    # No copy goes beyond the write set it fills: each lands on the bookie the committed
+    # metadata puts at a position of the entry's write set (a REPLACE whose copies failed
+    # is not committed: what it did copy is over-replication, left to garbage collection).
+    for index, position, bookie, entry in copied:
+        assert position in write_set(entry, metadata.ensemble_size, metadata.write_quorum)
+        if (index, position) not in uncommitted:
+            assert updated.segments[index].ensemble[position] == bookie
 
     bounds = metadata.segment_bounds()
     if bounds[-1][1] is None:

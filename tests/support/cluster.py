@@ -17,10 +17,12 @@ from pathlib import Path
 
 from tally.client.bookie_connection import BookieConnection
 from tally.client.reader import LedgerReader
+from tally.core.availability import EntryAvailability
 from tally.core.digest import mac_key
 from tally.core.entry_format import decode_entry
-from tally.core.errors import TallyError
+from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
+from tally.core.ledger_audit import over_replicated
 from tally.core.metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.bookie_registry import BookieRegistry
@@ -129,6 +131,26 @@ async def read_all(reader: LedgerReader) -> dict[int, bytes]:
     if reader.last_entry_id < 0:
         return {}
     return {e.entry_id: e.data async for e in reader.read(0, reader.last_entry_id)}
+
+
+async def extra_copies(
+    ledger_id: LedgerId, metadata: LedgerMetadata, bookies: set[str]
+) -> list[tuple[str, int, int]]:
+    """(bookie, segment, entries) of every copy that `bookies` hold of the ledger where no
+    write set of the (closed) metadata puts it: over-replication, as the audit counts it."""
+    held = {}
+    for bookie in sorted(bookies):
+        connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+        try:
+            held[bookie] = await connection.get_list_of_entries(ledger_id)
+        except NoSuchLedger:
+            held[bookie] = EntryAvailability.empty()
+        finally:
+            await connection.close()
+    return [
+        (row.bookie_id or "", row.segment_index or 0, row.missing_count or 0)
+        for row in over_replicated(metadata, held)
+    ]
 
 
 async def replica_copies(

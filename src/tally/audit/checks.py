@@ -14,6 +14,10 @@ microseconds per healthy ledger.
 Data that no ledger row claims is orphan data; registered bookies that did not answer come
 from the small bookies table, which travels to every task as a dict. A bookie that did not
 answer is not judged anywhere: its (possibly partial) dump is ignored.
+
+Extra copies (over_replicated rows) leave the pass with the violations and are written
+apart, to over_replicated/, with their entries and estimated bytes; the summary counts them
+apart too (`over_replication`), since they never lower durability.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -46,8 +51,10 @@ from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import (
+    VIOLATION_CATEGORIES,
     Category,
     LedgerColumns,
+    OverReplication,
     Violation,
     audit_ledger,
     clean_ledgers,
@@ -67,6 +74,8 @@ BATCH_ROWS = 20_000
 """Rows per Arrow batch handed to Python: large enough to amortise the per-batch cost."""
 
 _STANDIN_MASTER_KEY = bytes(MASTER_KEY_SIZE)
+_FINDINGS_SCHEMA = schema.VIOLATIONS_SCHEMA.append(pa.field("byte_count", pa.int64()))
+"""What the pass yields: violation rows and over_replicated rows, split when written."""
 
 
 def spark_session(master: str = "local[*]", *, memory: str = "4g") -> SparkSession:
@@ -124,11 +133,14 @@ def run_audit(
     min_racks: int,
     now_ms: int | None = None,
 ) -> dict[str, Any]:
-    """Audit the snapshot in `snapshot` into `out` (violations/, summary.json, report.html).
+    """Audit the snapshot in `snapshot` into `out` (violations/, over_replicated/,
+    summary.json, report.html).
 
     `now_ms` is when under-replication marks are measured from: by default when the snapshot
     was taken (snapshot.json's created_ms), since that is when the marks were read; the
-    clock if the snapshot does not say. Returns the summary it writes.
+    clock if the snapshot does not say. A ledger marked for longer than `grace_period_ms` is
+    reported (`marked_too_long`; 0: never, as in the online check). Returns the summary it
+    writes.
     """
     if grace_period_ms < 0:
         raise BadRequest(f"grace period {grace_period_ms} ms is negative")
@@ -152,18 +164,27 @@ def run_audit(
         cluster, grace_period_ms=grace_period_ms, min_racks=min_racks, now_ms=now
     )
     stream = combined_stream(spark, snapshot)
-    found = stream.mapInArrow(auditor, from_arrow_schema(schema.VIOLATIONS_SCHEMA))
-    silent = spark.createDataFrame(_unresponsive_bookies(bookies), found.schema)
-    violations_dir = out / schema.VIOLATIONS
-    found.unionByName(silent).write.mode("overwrite").parquet(str(violations_dir))
+    found = stream.mapInArrow(auditor, from_arrow_schema(_FINDINGS_SCHEMA))
+    found = found.persist(StorageLevel.MEMORY_AND_DISK)  # two writes, one pass
+    violations_dir, over_dir = out / schema.VIOLATIONS, out / schema.OVER_REPLICATED
+    try:
+        extra = F.col("category") == Category.OVER_REPLICATED.value
+        violations = found.where(~extra).select(*schema.VIOLATIONS_SCHEMA.names)
+        silent = spark.createDataFrame(_unresponsive_bookies(bookies), violations.schema)
+        violations.unionByName(silent).write.mode("overwrite").parquet(str(violations_dir))
+        _over_replicated(found.where(extra)).write.mode("overwrite").parquet(str(over_dir))
+    finally:
+        found.unpersist()
     timings["audit"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
     categories = _category_counts(spark.read.parquet(str(violations_dir)))
+    over_replication = _over_replication(spark.read.parquet(str(over_dir)))
     timings["summary"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - started
     summary: dict[str, Any] = {
         "categories": categories,
+        "over_replication": over_replication.to_dict(),
         "ledgers_checked": checked,
         "timings": {stage: round(seconds, 3) for stage, seconds in timings.items()},
         "params": {
@@ -175,7 +196,7 @@ def run_audit(
         },
     }
     mark = time.perf_counter()
-    write_report(out, summary, violations_dir, cluster.racks)
+    write_report(out, summary, violations_dir, cluster.racks, over_replicated=over_dir)
     summary["timings"]["report"] = round(time.perf_counter() - mark, 3)
     (out / schema.SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -199,7 +220,8 @@ def _audited(ledgers: DataFrame) -> Column:
 
 def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     """What the audit's one Python pass reads: per ledger, a ledger row (last_entry_id -1
-    unless it is audited), its segment rows and its availability rows, co-located and sorted.
+    unless it is audited; its length, for the bytes of extra copies), its segment rows and
+    its availability rows, co-located and sorted.
 
     `part` orders a ledger's rows: the ledger row, its segments by index, then the
     availability rows. The sort leads with ledger_id so that Spark's sort prefix (the first
@@ -220,6 +242,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
         "write_quorum",
         "ack_quorum",
         F.when(_audited(ledgers), F.col("last_entry_id")).otherwise(-1).alias("last_entry_id"),
+        "length",
         "underreplicated_since_ms",
         none("long", "first_entry_id"),
         none("array<string>", "ensemble"),
@@ -234,6 +257,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
         none("int", "write_quorum"),
         none("int", "ack_quorum"),
         none("long", "last_entry_id"),
+        none("long", "length"),
         none("long", "underreplicated_since_ms"),
         "first_entry_id",
         "ensemble",
@@ -248,6 +272,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
         none("int", "write_quorum"),
         none("int", "ack_quorum"),
         none("long", "last_entry_id"),
+        none("long", "length"),
         none("long", "underreplicated_since_ms"),
         none("long", "first_entry_id"),
         none("array<string>", "ensemble"),
@@ -341,6 +366,45 @@ def _unresponsive_bookies(bookies: pa.Table) -> pa.Table:
     )
 
 
+_OVER_REPLICATED_COLUMNS = {
+    "scope": "scope",
+    "ledger_id": "ledger_id",
+    "segment_index": "segment_index",
+    "bookie_id": "bookie_id",
+    "entries": "missing_count",
+    "bytes": "byte_count",
+    "detail": "detail",
+}
+"""Each OVER_REPLICATED_SCHEMA column, and the findings' column it comes from."""
+
+
+def _over_replicated(rows: DataFrame) -> DataFrame:
+    """The over_replicated rows of the findings, as OVER_REPLICATED_SCHEMA declares them
+    (Arrow batches renamed, so that the non-nullable fields are written as such)."""
+    return rows.mapInArrow(_as_over_replicated, from_arrow_schema(schema.OVER_REPLICATED_SCHEMA))
+
+
+def _as_over_replicated(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(found) for found in _OVER_REPLICATED_COLUMNS.values()],
+            schema=schema.OVER_REPLICATED_SCHEMA,
+        )
+
+
+def _over_replication(rows: DataFrame) -> OverReplication:
+    """The totals of the over_replicated rows, as the online check counts them."""
+    (total,) = rows.agg(
+        F.count_distinct("scope", "ledger_id").alias("ledgers"),
+        F.count(F.lit(1)).alias("rows"),
+        F.coalesce(F.sum("entries"), F.lit(0)).alias("entries"),
+        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
+    ).collect()
+    return OverReplication(
+        int(total["ledgers"]), int(total["rows"]), int(total["entries"]), int(total["bytes"])
+    )
+
+
 def _category_counts(violations: DataFrame) -> dict[str, int]:
     """Distinct ledgers per category; bookies for unresponsive_registered_bookie."""
     per_ledger = {
@@ -351,7 +415,9 @@ def _category_counts(violations: DataFrame) -> dict[str, int]:
     }
     silent = Category.UNRESPONSIVE_REGISTERED_BOOKIE.value
     per_ledger[silent] = violations.where(F.col("category") == silent).count()
-    return {category.value: int(per_ledger.get(category.value, 0)) for category in Category}
+    return {
+        category.value: int(per_ledger.get(category.value, 0)) for category in VIOLATION_CATEGORIES
+    }
 
 
 class LedgerAuditor:
@@ -514,31 +580,31 @@ class LedgerAuditor:
                     reports.append((values["bookie_id"][row], values["availability"][row]))
             else:
                 ensemble = values["ensemble"][row]
-                if ensemble is None:
-                    raise MalformedData(
-                        f"snapshot: a segment of {_ledger_name(scope, ledger_id)} has no ensemble"
-                    )
-                segments.append((values["first_entry_id"][row], tuple(ensemble)))
-        metadata = _standin_metadata(
-            scope,
-            ledger_id,
-            values["ensemble_size"][begin],
-            values["write_quorum"][begin],
-            values["ack_quorum"][begin],
-            values["last_entry_id"][begin],
-            segments,
-        )
-        availability, undecodable = _decoded(metadata, reports, self.cluster.responded)
-        for violation in audit_ledger(
-            metadata,
-            availability,
-            racks=self.cluster.racks,
-            min_racks=self.min_racks,
-            underreplicated_since_ms=values["underreplicated_since_ms"][begin],
-            now_ms=self.now_ms,
-            grace_period_ms=self.grace_period_ms,
-            cluster_racks=self.cluster.cluster_racks,
-        ):
+                segments.append((values["first_entry_id"][row], tuple(ensemble or ())))
+        try:
+            metadata = _standin_metadata(
+                values["ensemble_size"][begin],
+                values["write_quorum"][begin],
+                values["ack_quorum"][begin],
+                values["last_entry_id"][begin],
+                values["length"][begin],
+                segments,
+            )
+            availability, undecodable = _decoded(metadata, reports, self.cluster.responded)
+            violations = audit_ledger(
+                metadata,
+                availability,
+                racks=self.cluster.racks,
+                min_racks=self.min_racks,
+                underreplicated_since_ms=values["underreplicated_since_ms"][begin],
+                now_ms=self.now_ms,
+                grace_period_ms=self.grace_period_ms,
+                cluster_racks=self.cluster.cluster_racks,
+            )
+        except BadRequest as exc:
+            found.add(scope, ledger_id, _invalid_metadata(scope, ledger_id, exc))
+            return
+        for violation in violations:
             why = undecodable.get(violation.bookie_id or "")
             if why is not None:
                 violation = dataclasses.replace(violation, detail=f"{violation.detail} ({why})")
@@ -546,33 +612,42 @@ class LedgerAuditor:
 
 
 def _standin_metadata(
-    scope: int,
-    ledger_id: int,
     ensemble_size: int,
     write_quorum: int,
     ack_quorum: int,
     last: int,
+    length: int,
     segments: Sequence[tuple[int, tuple[str, ...]]],
 ) -> LedgerMetadata:
     """The ledger's metadata as far as the audit reads it; what the snapshot does not carry
-    (digest, master key, creator) is a stand-in. Rows that make no valid ledger are the
-    snapshot's fault: the job stops and names the ledger."""
-    try:
-        return LedgerMetadata(
-            state=LedgerState.CLOSED,
-            ensemble_size=ensemble_size,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
-            segments=tuple(Segment(first, ensemble) for first, ensemble in segments),
-            digest_type=DigestType.CRC32C,
-            master_key=_STANDIN_MASTER_KEY,
-            ctime_ms=0,
-            creator_token=b"",
-            last_entry_id=last,
-            length=0,
-        )
-    except BadRequest as exc:
-        raise MalformedData(f"snapshot: {_ledger_name(scope, ledger_id)}: {exc}") from None
+    (digest, master key, creator) is a stand-in. BadRequest if the rows make no valid
+    ledger."""
+    return LedgerMetadata(
+        state=LedgerState.CLOSED,
+        ensemble_size=ensemble_size,
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        segments=tuple(Segment(first, ensemble) for first, ensemble in segments),
+        digest_type=DigestType.CRC32C,
+        master_key=_STANDIN_MASTER_KEY,
+        ctime_ms=0,
+        creator_token=b"",
+        last_entry_id=last,
+        length=length,
+    )
+
+
+def _invalid_metadata(scope: int, ledger_id: int, error: BadRequest) -> Violation:
+    """The finding of a ledger whose snapshot rows make no valid ledger: it is not judged,
+    and the job goes on with the others."""
+    return Violation(
+        Category.INVALID_METADATA,
+        None,
+        None,
+        None,
+        f"the snapshot's rows of {_ledger_name(scope, ledger_id)} make no valid ledger, so it "
+        f"is not judged: {error}",
+    )
 
 
 def _decoded(
@@ -649,7 +724,7 @@ class _Rows:
     """Violation rows gathered column by column, then one Arrow batch."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name in schema.VIOLATIONS_SCHEMA.names}
+        self.columns: dict[str, list[Any]] = {name: [] for name in _FINDINGS_SCHEMA.names}
 
     def add(self, scope: int, ledger_id: int, violation: Violation) -> None:
         for name, value in (
@@ -660,8 +735,9 @@ class _Rows:
             ("bookie_id", violation.bookie_id),
             ("missing_count", violation.missing_count),
             ("detail", violation.detail),
+            ("byte_count", violation.byte_count),
         ):
             self.columns[name].append(value)
 
     def batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pydict(self.columns, schema=schema.VIOLATIONS_SCHEMA)
+        return pa.RecordBatch.from_pydict(self.columns, schema=_FINDINGS_SCHEMA)

@@ -10,11 +10,14 @@ of its bookies holds now (GetListOfEntriesOfLedger), judged again by the very sa
 What "still holds" means per finding:
 - a ledger finding: the fresh verdict has the same category for the ledger. A ledger that
   was potentially faulty is judged anew as a whole (its bookies may answer now: this is
-  BP-34's delayed re-check), so any category the fresh verdict finds is kept;
+  BP-34's delayed re-check), so any category the fresh verdict finds is kept; so is a
+  ledger of invalid_metadata, which the snapshot's rows did not let the checks judge;
 - orphan_data: the ledger still has no metadata and a bookie reported with its data still
   holds some; a ledger now gone drops every other finding;
 - unresponsive_registered_bookie: the bookie is still registered and still does not answer.
 A ledger whose metadata no longer decodes cannot be judged: its findings stand as reported.
+Over-replication (over_replicated/) is not confirmed: it is no violation, and nothing acts
+on it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category, Violation, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, Violation, audit_ledger
 from tally.core.metadata import LedgerState
 from tally.core.placement import racks_in_cluster
 from tally.metadata.bookie_registry import BookieRegistry
@@ -213,7 +216,9 @@ def _write_confirmed(
     summary = {
         "confirmed": len(kept_pairs),
         "dropped": len(reported - kept_pairs),
-        "categories": {category.value: len(confirmed[category]) for category in Category},
+        "categories": {
+            category.value: len(confirmed[category]) for category in VIOLATION_CATEGORIES
+        },
     }
     write_json(report / CONFIRMED_JSON, summary)
     return summary
@@ -301,8 +306,8 @@ async def _recheck_ledger(
         grace_period_ms=context.grace_period_ms,
         cluster_racks=context.cluster_racks,
     )
-    if Category.POTENTIALLY_FAULTY in reported.categories:
-        return fresh
+    if reported.categories & {Category.POTENTIALLY_FAULTY, Category.INVALID_METADATA}:
+        return [violation for violation in fresh if violation.category.is_violation]
     return [violation for violation in fresh if violation.category in reported.categories]
 
 

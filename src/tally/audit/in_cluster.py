@@ -5,6 +5,7 @@ takes a snapshot instead (one streamed dump per bookie), runs the checks on Spar
 each finding against the live cluster (so snapshot skew never marks a healthy ledger), and
 marks the confirmed durability findings under-replicated, naming the bookies that lack
 copies, so that the replication workers repair them as they do after the online check.
+Over-replication is returned apart from the counts, as the online check's report keeps it.
 The last few audits stay on disk, each with its report.html.
 """
 
@@ -84,6 +85,7 @@ class SparkReplicasCheck:
         )
         return {
             "counts": confirmed["categories"],
+            "over_replication": summary["over_replication"],
             "ledgers_checked": summary["ledgers_checked"],
             "marked": marked,
             "report": str(report / schema.REPORT_HTML),

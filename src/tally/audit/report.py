@@ -4,7 +4,8 @@ Everything is inline (CSS and SVG charts, no script, no fonts or images to fetch
 file can be mailed, attached to a ticket or opened on an air-gapped machine. Aggregation is
 done with Arrow over the violations dataset, so a run with millions of findings still makes
 a report of a few hundred kilobytes: counts per category, per bookie and per rack, and the
-worst ledgers one by one. Every text that comes from data is escaped.
+worst ledgers one by one. Over-replication (extra copies) has a section of its own, apart
+from the violations: it never lowers durability. Every text that comes from data is escaped.
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ SEVERITY = (
     Category.BELOW_ACK_QUORUM,
     Category.BELOW_WRITE_QUORUM,
     Category.UNDERREPLICATED_TOO_LONG,
+    Category.INVALID_METADATA,
     Category.PLACEMENT_FAIL,
-    Category.MISPLACED_ENTRY,
     Category.ORPHAN_DATA,
     Category.POTENTIALLY_FAULTY,
     Category.PLACEMENT_SOFT,
     Category.UNRESPONSIVE_REGISTERED_BOOKIE,
 )
-"""Worst first: how ledgers are ranked, and the order of categories everywhere."""
+"""Worst first: how ledgers are ranked, and the order of categories everywhere (every
+violation category; over-replication is not one)."""
 
 MEANING = {
     Category.NO_REPLICA: "an entry has no copy on any bookie that answered",
@@ -50,7 +52,7 @@ MEANING = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "a registered bookie did not answer (bookies)",
     Category.POTENTIALLY_FAULTY: "a bookie of the ledger did not answer; its copies not judged",
     Category.ORPHAN_DATA: "a bookie holds data of a ledger the metadata does not have",
-    Category.MISPLACED_ENTRY: "a bookie holds entries outside their write sets",
+    Category.INVALID_METADATA: "the snapshot's rows of the ledger make no valid ledger: not judged",
 }
 
 COLOURS = {
@@ -63,7 +65,7 @@ COLOURS = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "#37474f",
     Category.POTENTIALLY_FAULTY: "#90a4ae",
     Category.ORPHAN_DATA: "#2e7d32",
-    Category.MISPLACED_ENTRY: "#1565c0",
+    Category.INVALID_METADATA: "#4e342e",
 }
 
 _CSS = """
@@ -88,13 +90,17 @@ def write_report(
     summary: Mapping[str, Any],
     violations: pa.Table | Path,
     racks: Mapping[str, str],
+    *,
+    over_replicated: pa.Table | Path | None = None,
 ) -> Path:
     """Write `out`/report.html from a run's summary and violations; returns its path.
 
-    `violations` is the violations table or the directory of its Parquet dataset; `racks`
-    maps bookie ids to racks (a bookie with none counts under "unknown").
+    `violations` is the violations table or the directory of its Parquet dataset, and
+    `over_replicated` the same of the extra copies (None: there are none); `racks` maps
+    bookie ids to racks (a bookie with none counts under "unknown").
     """
     table = _load(violations)
+    extra = _load_over_replicated(over_replicated)
     categories = [category.value for category in SEVERITY]
     counts = {name: int(summary.get("categories", {}).get(name, 0)) for name in categories}
     by_bookie = _per_category(table, "bookie_id", TOP_BOOKIES)
@@ -121,6 +127,8 @@ def write_report(
         _legend(),
         "<h2>Worst ledgers</h2>",
         _worst_ledgers(table),
+        "<h2>Over-replication</h2>",
+        _over_replication(summary.get("over_replication") or {}, extra),
         "<h2>Timings</h2>",
         _timings(summary.get("timings", {})),
         "</body></html>",
@@ -135,6 +143,15 @@ def _load(violations: pa.Table | Path) -> pa.Table:
     if isinstance(violations, pa.Table):
         return violations.select(columns)
     return pq.read_table(violations, columns=columns)
+
+
+def _load_over_replicated(rows: pa.Table | Path | None) -> pa.Table:
+    columns = ["bookie_id", "entries", "bytes"]
+    if rows is None:
+        return schema.OVER_REPLICATED_SCHEMA.empty_table().select(columns)
+    if isinstance(rows, pa.Table):
+        return rows.select(columns)
+    return pq.read_table(rows, columns=columns)
 
 
 def _racks(bookies: pa.ChunkedArray, racks: Mapping[str, str]) -> pa.ChunkedArray:
@@ -170,9 +187,54 @@ def _headline(summary: Mapping[str, Any], counts: Mapping[str, int]) -> str:
         else f'<span class="bad">{found:,} findings</span>, {durability:,} ledgers below '
         "their durability contract"
     )
+    extra = summary.get("over_replication") or {}
+    if int(extra.get("rows", 0)):
+        verdict += (
+            f"; apart from these, {int(extra.get('entries', 0)):,} extra copies (about "
+            f"{int(extra.get('bytes', 0)):,} bytes) on {int(extra.get('ledgers', 0)):,} ledgers, "
+            "which are not violations"
+        )
     total = summary.get("timings", {}).get("total")
     took = f" in {float(total):,.1f} s" if total is not None else ""
     return f"<p>{checked:,} closed ledgers checked{html.escape(took)}: {verdict}.</p>"
+
+
+def _over_replication(totals: Mapping[str, Any], rows: pa.Table) -> str:
+    """The extra copies: totals, and the bookies holding the most bytes of them."""
+    intro = (
+        '<p class="muted">Entries a bookie holds although no write set of their segment puts '
+        "them there, left where a bookie held a position before. An extra copy never lowers "
+        "durability: not a violation, no alert; the garbage collection trims them. Bytes are "
+        "payload bytes estimated at each ledger's mean entry size.</p>"
+    )
+    if not int(totals.get("rows", 0)):
+        return intro + '<p class="ok">No extra copies.</p>'
+    figures = "".join(
+        f'<tr><td>{html.escape(label)}</td><td class="n">{int(totals.get(key, 0)):,}</td></tr>'
+        for key, label in (
+            ("ledgers", "ledgers"),
+            ("rows", "segments and bookies"),
+            ("entries", "extra entries"),
+            ("bytes", "bytes (estimated)"),
+        )
+    )
+    by_bookie = (
+        rows.group_by("bookie_id")
+        .aggregate([("entries", "sum"), ("bytes", "sum")])
+        .sort_by([("bytes_sum", "descending"), ("bookie_id", "ascending")])
+        .slice(0, TOP_BOOKIES)
+        .to_pylist()
+    )
+    bookies = "".join(
+        f"<tr><td>{html.escape(row['bookie_id'])}</td>"
+        f'<td class="n">{row["entries_sum"]:,}</td><td class="n">{row["bytes_sum"]:,}</td></tr>'
+        for row in by_bookie
+    )
+    return (
+        f"{intro}<table>{figures}</table>"
+        f'<p class="muted">The {TOP_BOOKIES} bookies holding the most bytes of extra copies.</p>'
+        f"<table><tr><th>bookie</th><th>entries</th><th>bytes</th></tr>{bookies}</table>"
+    )
 
 
 def _bar_chart(items: Sequence[tuple[str, Mapping[str, int]]]) -> str:

@@ -31,6 +31,7 @@ SNAPSHOT_PARTS = (*SNAPSHOT_TABLES, SNAPSHOT_JSON)
 """What a snapshot directory holds."""
 
 VIOLATIONS = "violations"
+OVER_REPLICATED = "over_replicated"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 
@@ -99,8 +100,25 @@ VIOLATIONS_SCHEMA = pa.schema(
         pa.field("detail", pa.string(), nullable=False),
     ]
 )
-"""One row per finding (category: a `tally.core.ledger_audit.Category` value); ledger columns
-are null for a bookie-level finding (unresponsive_registered_bookie)."""
+"""One row per violation (category: a `tally.core.ledger_audit.Category` value, never
+over_replicated); ledger columns are null for a bookie-level finding
+(unresponsive_registered_bookie)."""
+
+OVER_REPLICATED_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("segment_index", pa.int32(), nullable=False),
+        pa.field("bookie_id", pa.string(), nullable=False),
+        pa.field("entries", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+    ]
+)
+"""One row per (ledger, segment, bookie) with extra copies: entries of the segment that the
+bookie holds although no write set puts them there, and their payload bytes estimated at the
+ledger's mean entry size (the snapshot has no entry sizes). Over-replication, kept apart
+from the violations: it never lowers durability."""
 
 
 class BookieState(enum.Enum):

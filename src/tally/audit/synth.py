@@ -3,7 +3,8 @@ and benchmarks.
 
 A snapshot has the schema of `tally.audit.schema`, and `truth.json` lists every finding the
 checks must report, no more, no less, for `min_racks` = MIN_RACKS, a grace period of
-GRACE_PERIOD_MS and "now" = NOW_MS (snapshot.json's created_ms; checks take it as now).
+GRACE_PERIOD_MS and "now" = NOW_MS (snapshot.json's created_ms; checks take it as now):
+the violations by category, and apart from them the over-replicated ledgers.
 
 The healthy majority is generated with numpy, a chunk of ledgers at a time, without a Python
 step per ledger: heavy-tailed sizes (most ledgers small, some of 10^7 entries), quorum mixes
@@ -17,12 +18,14 @@ keeps its ensemble position while it stays in a ledger, so what it holds is one 
 
 Faults are built one ledger at a time with the core's own types (`LedgerMetadata`,
 `EntryAvailability`) and each one is verified with `audit_ledger` before it is written: it
-must fall in exactly its category. Fault ledgers never touch an unresponsive bookie; every
-other closed ledger that does is listed as potentially_faulty.
+must fall in exactly its category (an invalid_metadata ledger is a healthy one, whose first
+segment's row then starts at entry 1). Fault ledgers never touch an unresponsive bookie;
+every other closed ledger that does is listed as potentially_faulty.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from tally.audit.snapshot import DatasetWriter, prepare_output, write_json
 from tally.core.availability import GROUP_SIZE, HEADER_SIZE, EntryAvailability
 from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
 from tally.core.schedule import expected_entries, write_set
@@ -86,7 +89,8 @@ _LEDGER_FAULTS = (
     WITHIN_GRACE,
     Category.PLACEMENT_FAIL.value,
     Category.PLACEMENT_SOFT.value,
-    Category.MISPLACED_ENTRY.value,
+    Category.OVER_REPLICATED.value,
+    Category.INVALID_METADATA.value,
 )
 FAULT_KINDS = (
     *_LEDGER_FAULTS,
@@ -96,7 +100,7 @@ FAULT_KINDS = (
 DEFAULT_FAULTS = (
     "no_replica=3,below_ack_quorum=3,below_write_quorum=3,underreplicated_too_long=2,"
     f"{WITHIN_GRACE}=2,placement_fail=2,placement_soft=2,unresponsive_registered_bookie=1,"
-    "orphan_data=2,misplaced_entry=2"
+    "orphan_data=2,over_replicated=2,invalid_metadata=1"
 )
 FAULT_ATTEMPTS = 50
 
@@ -673,6 +677,8 @@ class _Ledger:
     metadata: LedgerMetadata
     held: dict[str, EntryAvailability]
     underreplicated_since_ms: int | None = None
+    invalid: bool = False
+    """Its rows are written broken (the first segment starting at entry 1): no valid ledger."""
 
 
 class _Injector:
@@ -706,10 +712,12 @@ class _Injector:
 
     def build(self, kind: str, index: int) -> _Ledger:
         eligible = self.eligible(kind)
-        expected = set() if kind == WITHIN_GRACE else {kind}
+        expected = set() if kind in (WITHIN_GRACE, Category.INVALID_METADATA.value) else {kind}
         for _ in range(FAULT_ATTEMPTS):
             ledger = self._attempt(kind, index, self.rng.choice(eligible))
             if ledger is not None and self.categories(ledger) == expected:
+                if kind == Category.INVALID_METADATA.value:
+                    return dataclasses.replace(ledger, invalid=True)
                 return ledger
         raise BadRequest(
             f"could not inject a {kind} fault on {self.cluster.bookies} bookies, "
@@ -825,7 +833,7 @@ class _Injector:
     def _damage(
         self, kind: str, metadata: LedgerMetadata, held: dict[str, EntryAvailability]
     ) -> int | None:
-        """Take copies away (or add a stray one) for `kind`; the under-replication mark."""
+        """Take copies away (or leave extra ones) for `kind`; the under-replication mark."""
         rng = self.rng
         e, wq, aq = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         index = rng.randrange(len(metadata.segments))
@@ -853,17 +861,23 @@ class _Injector:
                 lose([ensemble[position]], expected_entries(first, last, e, wq, position))
             else:
                 held[ensemble[position]] = EntryAvailability.empty()
-        elif kind == Category.MISPLACED_ENTRY.value:
+        elif kind == Category.OVER_REPLICATED.value:
+            # A bookie that held `position` before it was replaced there keeps its copies:
+            # outside the ensemble now, or back at another position (E > WQ: it then holds
+            # more than that position's write sets, every entry if E = WQ + 1).
             position = rng.randrange(e)
-            bookie = ensemble[position]
-            strays = (
-                EntryAvailability.span(first, last)
-                .difference(expected_entries(first, last, e, wq, position))
-                .to_numpy()
+            left = expected_entries(first, last, e, wq, position)
+            responsive = (
+                self.cluster.names[b]
+                for b in range(self.cluster.bookies)
+                if b not in self.cluster.unresponsive
             )
-            if strays.size:
-                stray = int(strays[rng.randrange(strays.size)])
-                held[bookie] = held[bookie].union(EntryAvailability.from_entries([stray]))
+            outsiders = [b for b in responsive if b not in ensemble]
+            members = [b for p, b in enumerate(ensemble) if p != position] if e > wq else []
+            choices = outsiders + members
+            if choices:
+                bookie = rng.choice(choices)
+                held[bookie] = held.get(bookie, EntryAvailability.empty()).union(left)
         if kind == Category.UNDERREPLICATED_TOO_LONG.value:
             return NOW_MS - GRACE_PERIOD_MS - rng.randrange(60_000, 3 * 86_400_000)
         if kind == WITHIN_GRACE:
@@ -885,8 +899,6 @@ class _Injector:
 def _suits(kind: str, mix: _Mix, racks: int) -> bool:
     if kind == Category.BELOW_WRITE_QUORUM.value:
         return mix.write_quorum > mix.ack_quorum
-    if kind == Category.MISPLACED_ENTRY.value:
-        return mix.ensemble_size > mix.write_quorum
     if kind == Category.PLACEMENT_SOFT.value:
         return min(mix.write_quorum, racks) > MIN_RACKS
     return True
@@ -924,11 +936,14 @@ def _rows(
         "underreplicated_since_ms": [ledger.underreplicated_since_ms],
     }
     bounds = metadata.segment_bounds()
+    firsts = [first for first, _ in bounds]
+    if ledger.invalid:
+        firsts[0] = 1
     segments: dict[str, list[Any]] = {
         "scope": [scope] * len(bounds),
         "ledger_id": [ledger_id] * len(bounds),
         "segment_index": list(range(len(bounds))),
-        "first_entry_id": [first for first, _ in bounds],
+        "first_entry_id": firsts,
         "last_entry_id": [last for _, last in bounds],
         "ensemble": [list(segment.ensemble) for segment in metadata.segments],
     }
@@ -1041,7 +1056,10 @@ def synthesize(
     write_json(
         out / schema.TRUTH_JSON,
         {
-            "categories": {name: sorted(keys) for name, keys in truth.items()},
+            "categories": {
+                category.value: sorted(truth[category.value]) for category in VIOLATION_CATEGORIES
+            },
+            Category.OVER_REPLICATED.value: sorted(truth[Category.OVER_REPLICATED.value]),
             WITHIN_GRACE: sorted(within_grace),
             "params": params,
             "now_ms": NOW_MS,

@@ -59,7 +59,8 @@ class AutoRecoveryConfig:
     """Seconds before a ledger whose bookies did not answer is checked again."""
     underreplicated_ledger_recovery_grace_period: float = 3_600.0
     """Seconds a ledger may stay marked before the replicas check reports it as marked too
-    long (BookKeeper: 0, which never reports it); 0 turns the report off."""
+    long, online or in spark mode (BookKeeper: 0, which never reports it); 0 turns the report
+    off in both."""
     auditor_max_concurrent_metadata_reads: int = 100
     """Ledger metadata reads in flight during a check (auditorMaxNumberOfConcurrentOpen-
     LedgerOperations), so a check of a big cluster never floods the store."""

@@ -21,6 +21,13 @@ Reported durability findings are marked under-replicated, naming the answering b
 that lack copies, so that a replication worker repairs them. The counts per category are
 published as gauges once, at the end of a full run.
 
+Extra copies (entries on an answering bookie that no write set puts there) are
+over-replication, the very rows the Spark job writes (`ledger_audit.over_replicated`),
+confirmed like findings but counted apart: in the report's `over_replicated`, logged at info
+level and published as their own gauges, never in the counts per category, never marked.
+Only the ledger's own bookies are asked, so copies left on a bookie that no segment of the
+ledger names any more are the Spark job's to see.
+
 Load on the cluster is bounded. Ledger metadata and mark reads in flight never exceed
 `auditor_max_concurrent_metadata_reads` (N): the walk reads pages of N // 2 keys, at most
 two pages at a time (it reads one ahead), and the confirmations come after the walk, never
@@ -47,7 +54,7 @@ from tally.client.context import ClientContext
 from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import Category, OverReplication, Violation, marked_too_long
 from tally.core.metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     REPLICAS_CATEGORIES,
@@ -56,7 +63,6 @@ from tally.core.replicas_decisions import (
     checkable,
     describe,
     judge_ledger,
-    marked_too_long,
 )
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import UnderReplicatedLedger
@@ -94,6 +100,12 @@ class ReplicasCheckReport:
     """Ledgers per category, and bookies for unresponsive_registered_bookie; every
     category of `REPLICAS_CATEGORIES` is present, 0 included."""
     findings: tuple[ReplicasFinding, ...]
+    over_replicated: tuple[tuple[LedgerId, Violation], ...] = ()
+    """The extra copies found, as the audit's over_replicated rows, by ledger: not findings."""
+
+    @property
+    def over_replication(self) -> OverReplication:
+        return OverReplication.of(self.over_replicated)
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ class _ReplicasCheck:
         """Registered bookies that did not answer in the retry step, with their ledgers."""
         self._checked = 0
         self._findings: list[ReplicasFinding] = []
+        self._over_replicated: list[tuple[LedgerId, Violation]] = []
         self._counts = dict.fromkeys((category.value for category in REPLICAS_CATEGORIES), 0)
 
     async def run(self) -> ReplicasCheckReport:
@@ -180,13 +193,16 @@ class _ReplicasCheck:
         if retry:
             await self._retry(retry)
         duration_s = time.monotonic() - started
-        metrics.record_run(self._counts, duration_s)
+        over_replication = OverReplication.of(self._over_replicated)
+        metrics.record_run(self._counts, over_replication, duration_s)
         found = {name: count for name, count in self._counts.items() if count}
         log.info(
-            "replicas check: %d ledgers checked in %.1f s; findings: %s",
+            "replicas check: %d ledgers checked in %.1f s; findings: %s; over-replication "
+            "(not a violation): %s",
             self._checked,
             duration_s,
             found or "none",
+            over_replication.to_dict() if over_replication.rows else "none",
         )
         return ReplicasCheckReport(
             started_ms=started_ms,
@@ -194,6 +210,9 @@ class _ReplicasCheck:
             ledgers_checked=self._checked,
             counts=dict(self._counts),
             findings=tuple(sorted(self._findings, key=_finding_order)),
+            over_replicated=tuple(
+                sorted(self._over_replicated, key=lambda pair: pair[0].qualified_name)
+            ),
         )
 
     # -- step 1: the walk ----------------------------------------------------------------
@@ -217,7 +236,7 @@ class _ReplicasCheck:
             retry.append(record.ledger_id)
             return
         judgement = judge_ledger(record.metadata, asked.answers)
-        if judgement.categories:
+        if judgement.noteworthy:
             suspects.append(_Suspect(record.ledger_id, record.version, judgement))
 
     async def _report_overdue(self, mark: UnderReplicatedLedger) -> None:
@@ -265,7 +284,7 @@ class _ReplicasCheck:
             if asked.unanswered and self._registered is None:
                 return ledger_id
             judgement = self._judge(record.metadata, asked)
-            if not judgement.categories:
+            if not judgement.noteworthy:
                 return None
             suspect = _Suspect(ledger_id, record.version, judgement)
         log.warning(
@@ -278,6 +297,12 @@ class _ReplicasCheck:
 
     async def _report_ledger(self, record: LedgerRecord, judgement: ReplicasJudgement) -> None:
         ledger_id = record.ledger_id
+        name = ledger_id.qualified_name
+        for row in judgement.over_replicated:
+            self._over_replicated.append((ledger_id, row))
+            log.info("replicas check: ledger %s over-replicated: %s", name, row.detail)
+        if not judgement.categories:
+            return
         detail = describe(record.metadata, judgement)
         if judgement.mark_bookies:
             bookies = judgement.mark_bookies
@@ -314,7 +339,7 @@ class _ReplicasCheck:
                 continue
             record, asked = look
             judgement = self._judge(record.metadata, asked)
-            if judgement.categories:
+            if judgement.noteworthy:
                 suspects.append(_Suspect(record.ledger_id, record.version, judgement))
         await _all(self._confirm(suspect) for suspect in suspects)
         for bookie, ledgers in sorted(self._unresponsive.items()):

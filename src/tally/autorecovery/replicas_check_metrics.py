@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import Category, OverReplication
 
 NUM_LEDGERS_HAVING_NO_REPLICA_OF_AN_ENTRY = Gauge(
     "auditor_num_ledgers_having_no_replica_of_an_entry",
@@ -39,10 +39,19 @@ NUM_LEDGERS_POTENTIALLY_FAULTY = Gauge(
     "Ledgers not fully judged by the last replicas check: a registered bookie of theirs did "
     "not answer",
 )
-NUM_LEDGERS_WITH_MISPLACED_ENTRIES = Gauge(
-    "auditor_num_ledgers_with_misplaced_entries",
-    "Ledgers with entries on a bookie whose write sets do not include them, at the last "
-    "replicas check",
+NUM_LEDGERS_OVER_REPLICATED = Gauge(
+    "auditor_num_ledgers_over_replicated",
+    "Ledgers with extra copies (entries on a bookie whose write sets do not include them), at "
+    "the last replicas check: over-replication, not a violation",
+)
+OVER_REPLICATED_ENTRIES = Gauge(
+    "auditor_over_replicated_entries",
+    "Extra copies of entries found by the last replicas check",
+)
+OVER_REPLICATED_BYTES = Gauge(
+    "auditor_over_replicated_bytes",
+    "Payload bytes of the extra copies found by the last replicas check, estimated at each "
+    "ledger's mean entry size",
 )
 REPLICAS_CHECK_TIME = Histogram(
     "auditor_replicas_check_time_seconds",
@@ -61,12 +70,17 @@ _GAUGES = {
     Category.UNDERREPLICATED_TOO_LONG: NUM_LEDGERS_UNDERREPLICATED_TOO_LONG,
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: NUM_UNRESPONSIVE_REGISTERED_BOOKIES,
     Category.POTENTIALLY_FAULTY: NUM_LEDGERS_POTENTIALLY_FAULTY,
-    Category.MISPLACED_ENTRY: NUM_LEDGERS_WITH_MISPLACED_ENTRIES,
 }
 
 
-def record_run(counts: Mapping[str, int], duration_s: float) -> None:
-    """Publish one full run: every category's gauge, and the run's duration."""
+def record_run(
+    counts: Mapping[str, int], over_replication: OverReplication, duration_s: float
+) -> None:
+    """Publish one full run: every category's gauge, the over-replication, and the run's
+    duration."""
     for category, gauge in _GAUGES.items():
         gauge.set(counts[category.value])
+    NUM_LEDGERS_OVER_REPLICATED.set(over_replication.ledgers)
+    OVER_REPLICATED_ENTRIES.set(over_replication.entries)
+    OVER_REPLICATED_BYTES.set(over_replication.bytes)
     REPLICAS_CHECK_TIME.observe(duration_s)

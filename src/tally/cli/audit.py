@@ -70,7 +70,11 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Directory for violations and the report.")],
     master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
     grace_period: Annotated[
-        str, typer.Option(help="How long a ledger may stay marked under-replicated: 1h, 30m.")
+        str,
+        typer.Option(
+            help="How long a ledger may stay marked under-replicated before it is reported: "
+            "1h, 30m; 0 never reports it (as the auditor's grace period of 0)."
+        ),
     ] = "1h",
     min_racks: Annotated[
         int, typer.Option(min=1, help="Racks every write set must span (capped at WQ).")
@@ -220,5 +224,12 @@ def _print_summary(summary: Mapping[str, Any]) -> None:
         style = "bold red" if count else "green"
         table.add_row(category, f"[{style}]{count:,}[/]")
     _out.print(table)
+    extra = summary.get("over_replication") or {}
+    if extra.get("rows"):
+        _out.print(
+            f"over-replication, not a violation: {extra['entries']:,} extra copies (about "
+            f"{extra['bytes']:,} bytes) on {extra['ledgers']:,} ledgers",
+            markup=False,
+        )
     timings = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in summary["timings"].items())
     _out.print(f"{summary['ledgers_checked']:,} ledgers checked ({timings})", markup=False)

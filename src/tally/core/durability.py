@@ -53,8 +53,6 @@ class SegmentBookieFinding:
     bookie_id: str
     missing: EntryAvailability
     """Entries of its write sets that it does not hold."""
-    misplaced: EntryAvailability
-    """Entries of the segment it holds although no write set puts them there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +64,7 @@ class LedgerDurability:
     fewest_copies: int
     """Copies of the worst entry, counting only the bookies that answered."""
     findings: tuple[SegmentBookieFinding, ...]
-    """Per segment and position: only those with something missing or misplaced."""
+    """Per segment and position: only those with something missing."""
     unresponsive_bookies: frozenset[str]
     """Bookies of the ledger with no availability: the ledger is potentially faulty."""
 
@@ -82,8 +80,8 @@ def check_ledger(
 
     `availability` maps bookie id to the entries that bookie holds of this ledger (over the
     whole ledger: a bookie may serve several segments); a bookie absent from it did not
-    answer. Entries past the ledger's end (written, never acknowledged, then cut off by
-    recovery) are legitimate leftovers and not reported.
+    answer. Copies beyond the schedule do not count: an entry's copies are those of its
+    write set (`ledger_audit.over_replicated` reports the others).
     """
     if metadata.state is not LedgerState.CLOSED:
         raise BadRequest(
@@ -99,7 +97,6 @@ def check_ledger(
     ):
         if last is None or last < first:
             continue
-        span = EntryAvailability.span(first, last)
         missing_by_position: list[EntryAvailability] = []
         for position, bookie in enumerate(segment.ensemble):
             held = availability.get(bookie)
@@ -108,10 +105,8 @@ def check_ledger(
                 continue
             expected = expected_entries(first, last, e, wq, position)
             missing = expected.difference(held)
-            misplaced = held.intersection(span).difference(expected)
-            if missing or misplaced:
-                findings.append(SegmentBookieFinding(index, position, bookie, missing, misplaced))
             if missing:
+                findings.append(SegmentBookieFinding(index, position, bookie, missing))
                 missing_by_position.append(missing)
         most_missing = max(most_missing, _highest_overlap(missing_by_position))
     fewest_copies = wq - most_missing

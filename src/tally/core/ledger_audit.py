@@ -1,11 +1,19 @@
-"""The audit's verdict on one closed ledger: every violation it has, as report rows.
+"""The audit's verdict on one closed ledger: every finding it has, as report rows.
 
 BP-34's checker, for one ledger, in one pure function that the online auditor, the Spark job
 and the confirmation pass all call, so that they cannot disagree. The order of the checks is
 the seed's: a ledger already marked under-replicated is left to re-replication (and reported
 only once that has taken too long); any other ledger is judged on its durability
-(`check_ledger`, worst entry), its strays (entries where no write set puts them), its
-unresponsive bookies and the placement of each ensemble.
+(`check_ledger`, worst entry), its extra copies (entries on a bookie where no write set puts
+them), its unresponsive bookies and the placement of each ensemble.
+
+Extra copies are over-replication, not a violation: a copy beyond the write set never lowers
+durability. They are left behind where a bookie held a position before: a bookie declared
+lost and replaced by re-replication that comes back with its disk, then possibly chosen
+again for another position of the same segment (it then holds every entry of the segment);
+adds in flight to a bookie that a writer's or a recovery's ensemble change replaces; copies
+of a repair given up before its new bookie was committed. They are counted apart, in entries
+and estimated bytes, and raise no alert; the garbage collection trims them.
 """
 
 from __future__ import annotations
@@ -53,7 +61,18 @@ class Category(enum.Enum):
     UNRESPONSIVE_REGISTERED_BOOKIE = "unresponsive_registered_bookie"
     POTENTIALLY_FAULTY = "potentially_faulty"
     ORPHAN_DATA = "orphan_data"
-    MISPLACED_ENTRY = "misplaced_entry"
+    INVALID_METADATA = "invalid_metadata"
+    """The Spark job's: a snapshot's rows that make no valid ledger, which is not judged."""
+    OVER_REPLICATED = "over_replicated"
+
+    @property
+    def is_violation(self) -> bool:
+        """Everything but over-replication, which is counted apart and raises no alert: an
+        extra copy never lowers durability."""
+        return self is not Category.OVER_REPLICATED
+
+
+VIOLATION_CATEGORIES = tuple(category for category in Category if category.is_violation)
 
 
 _OF_DURABILITY = {
@@ -69,10 +88,12 @@ _OF_ADHERENCE = {
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """One report row of a ledger (the ledger id is the caller's to add).
+    """One report row of a ledger (the ledger id is the caller's to add); an over_replicated
+    row is a finding of the same shape, though not a violation.
 
     `missing_count` counts the entries the row is about: missing ones for a durability row,
-    misplaced ones for a misplaced_entry row; None where no entries are counted.
+    extra ones for an over_replicated row; None where no entries are counted. `byte_count`
+    is an over_replicated row's estimate of its extra copies' bytes (`estimated_bytes`).
     """
 
     category: Category
@@ -80,6 +101,41 @@ class Violation:
     bookie_id: str | None
     missing_count: int | None
     detail: str
+    byte_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OverReplication:
+    """The totals of over_replicated rows, as the online check and the Spark job both give
+    them: ledgers with extra copies, rows (one per segment and bookie), extra entries, and
+    their estimated bytes."""
+
+    ledgers: int = 0
+    rows: int = 0
+    entries: int = 0
+    bytes: int = 0
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[object, Violation]]) -> OverReplication:
+        """Totals of (ledger, row) pairs; rows of other categories are left out."""
+        ledgers: set[object] = set()
+        count = entries = size = 0
+        for ledger, row in rows:
+            if row.category is not Category.OVER_REPLICATED:
+                continue
+            ledgers.add(ledger)
+            count += 1
+            entries += row.missing_count or 0
+            size += row.byte_count or 0
+        return cls(len(ledgers), count, entries, size)
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "ledgers": self.ledgers,
+            "rows": self.rows,
+            "entries": self.entries,
+            "bytes": self.bytes,
+        }
 
 
 def audit_ledger(
@@ -93,16 +149,18 @@ def audit_ledger(
     grace_period_ms: int,
     cluster_racks: int | None = None,
 ) -> list[Violation]:
-    """Every violation of one closed, non-empty ledger, in a stable order.
+    """Every finding of one closed, non-empty ledger, in a stable order: violations and its
+    over_replicated rows.
 
     `availability` maps each bookie that answered to what it holds of this ledger (empty when
     it holds nothing); a bookie of the ledger absent from it did not answer, and the ledger
     is potentially faulty rather than judged on that bookie. Bookies outside the ledger's
-    ensembles may appear too: what they hold up to the last entry is misplaced.
+    ensembles may appear too: what they hold up to the last entry is over-replication.
 
-    A ledger marked under-replicated is being repaired: within `grace_period_ms` of its
-    mark nothing is reported; past it, one underreplicated_too_long row and nothing else,
-    since its metadata is about to change and any other finding would be stale (seed 000).
+    A ledger marked under-replicated is being repaired: nothing is reported until it is
+    `marked_too_long` (past `grace_period_ms`, never with a grace period of 0), then one
+    underreplicated_too_long row and nothing else, since its metadata is about to change and
+    any other finding would be stale (seed 000).
 
     Placement is judged per segment that holds entries (an empty trailing segment protects
     nothing) with `adherence_of_racks`; `cluster_racks` defaults to the racks that `racks`
@@ -120,16 +178,26 @@ def audit_ledger(
     verdict = check_ledger(metadata, availability)
     return [
         *_durability(metadata, verdict),
-        *_misplaced(metadata, availability, verdict),
+        *over_replicated(metadata, availability),
         *potentially_faulty([s.ensemble for s in metadata.segments], verdict.unresponsive_bookies),
         *_placement(metadata, racks, min_racks, cluster_racks),
     ]
 
 
+def marked_too_long(first_marked_ms: int, now_ms: int, grace_period_ms: int) -> bool:
+    """Whether a ledger marked under-replicated at `first_marked_ms` is overdue: marked for
+    longer than the grace period. A grace period of 0 never reports a mark, as BookKeeper's
+    underreplicatedLedgerRecoveryGracePeriod of 0 turns the report off; the online check and
+    the Spark job both read it so."""
+    if grace_period_ms < 0:
+        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
+    return grace_period_ms > 0 and now_ms - first_marked_ms > grace_period_ms
+
+
 def _underreplicated(since_ms: int, now_ms: int, grace_period_ms: int) -> list[Violation]:
-    marked_for = now_ms - since_ms
-    if marked_for <= grace_period_ms:
+    if not marked_too_long(since_ms, now_ms, grace_period_ms):
         return []
+    marked_for = now_ms - since_ms
     return [
         Violation(
             Category.UNDERREPLICATED_TOO_LONG,
@@ -170,52 +238,59 @@ def _durability(metadata: LedgerMetadata, verdict: LedgerDurability) -> list[Vio
     return found
 
 
-def _misplaced(
-    metadata: LedgerMetadata,
-    availability: Mapping[str, EntryAvailability],
-    verdict: LedgerDurability,
+def over_replicated(
+    metadata: LedgerMetadata, availability: Mapping[str, EntryAvailability]
 ) -> list[Violation]:
-    """Entries of a segment on a bookie whose write sets there do not include them:
-    `check_ledger`'s for the segment's own bookies, here for every other bookie."""
-    found: dict[tuple[int, str], Violation] = {}
-    for finding in verdict.findings:
-        if finding.misplaced:
-            found[finding.segment_index, finding.bookie_id] = _misplaced_row(
-                finding.segment_index,
-                finding.bookie_id,
-                finding.misplaced,
-                "outside its write sets",
-            )
+    """The over_replicated rows of a closed ledger: per segment with entries and bookie of
+    `availability`, the segment's entries the bookie holds that no write set of the segment
+    puts there (all of them for a bookie outside the segment's ensemble); by segment, then
+    bookie. Entries past the ledger's end (written, never acknowledged, then cut off by
+    recovery) belong to no segment and are not counted.
+
+    The online check and the Spark job both call this, on what the bookies they asked
+    answered: the online check asks the bookies of the ledger's ensembles, the Spark job has
+    every bookie's dump, so only it sees copies on a bookie the ledger no longer names.
+    """
+    e, wq = metadata.ensemble_size, metadata.write_quorum
+    found = []
     for index, (segment, (first, last)) in enumerate(
         zip(metadata.segments, metadata.segment_bounds(), strict=True)
     ):
-        assert last is not None  # closed ledger
-        if last < first:
+        if last is None or last < first:
             continue
         span = EntryAvailability.span(first, last)
-        members = set(segment.ensemble)
-        for bookie, held in availability.items():
-            if bookie in members or not held:
+        for bookie in sorted(availability):
+            held = availability[bookie].intersection(span)
+            if not held:
                 continue
-            stray = held.intersection(span)
-            if stray:
-                found[index, bookie] = _misplaced_row(
-                    index, bookie, stray, "although it is not in the segment's ensemble"
+            if bookie in segment.ensemble:
+                position = segment.ensemble.index(bookie)
+                extra = held.difference(expected_entries(first, last, e, wq, position))
+                why = f"(position {position}) outside its write sets"
+            else:
+                extra, why = held, "although it is not in the segment's ensemble"
+            if extra:
+                size = estimated_bytes(metadata, len(extra))
+                found.append(
+                    Violation(
+                        Category.OVER_REPLICATED,
+                        index,
+                        bookie,
+                        len(extra),
+                        f"bookie {bookie} holds {len(extra)} entries of segment {index} {why} "
+                        f"({_entries(extra)}), about {size} bytes: extra copies, not a violation",
+                        size,
+                    )
                 )
-    return [found[key] for key in sorted(found)]
+    return found
 
 
-def _misplaced_row(
-    segment_index: int, bookie_id: str, entries: EntryAvailability, why: str
-) -> Violation:
-    return Violation(
-        Category.MISPLACED_ENTRY,
-        segment_index,
-        bookie_id,
-        len(entries),
-        f"bookie {bookie_id} holds {len(entries)} entries of segment {segment_index} "
-        f"{why} ({_entries(entries)})",
-    )
+def estimated_bytes(metadata: LedgerMetadata, entries: int) -> int:
+    """Bytes of `entries` copies of the ledger's entries, at its mean entry size (its length
+    over its entries, rounded down): availability says which entries a bookie holds, not
+    their sizes. Payload bytes, without the header and digest each copy also stores."""
+    count = metadata.last_entry_id + 1
+    return entries * metadata.length // count if count > 0 else 0
 
 
 def potentially_faulty(

@@ -4,8 +4,9 @@ BP-34 leaves a few rules to the checker itself, and they are kept here so they h
 same everywhere and can be tested without bookies:
 
 - A ledger already marked under-replicated is being repaired and is skipped, unless it has
-  been marked for longer than the grace period, which is a finding of its own. A grace
-  period of 0 turns that report off, as in BookKeeper.
+  been marked for longer than the grace period, which is a finding of its own
+  (`ledger_audit.marked_too_long`, the Spark job's rule too: a grace period of 0 turns that
+  report off, as in BookKeeper).
 - Bookies are asked once per ledger, even when they serve several segments, and only those
   of segments that hold entries (an empty trailing segment protects nothing).
 - A bookie that did not answer and is no longer registered is lost: it is counted as
@@ -14,6 +15,8 @@ same everywhere and can be tested without bookies:
   `lost_bookie_recovery_delay`), so the mark names only answering bookies that lack
   copies. A registered bookie that did not answer is not judged at all (unknown is never
   negative): the ledger is potentially faulty.
+- Extra copies on the bookies that answered are over-replication (`over_replicated`, the
+  Spark job's own rows): counted apart from the categories, never marked.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from tally.core.availability import EntryAvailability
 from tally.core.durability import LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category
+from tally.core.ledger_audit import Category, Violation, over_replicated
 from tally.core.metadata import LedgerMetadata, LedgerState
 
 SHOWN_RANGES = 4
@@ -38,9 +41,9 @@ REPLICAS_CATEGORIES = (
     Category.UNDERREPLICATED_TOO_LONG,
     Category.UNRESPONSIVE_REGISTERED_BOOKIE,
     Category.POTENTIALLY_FAULTY,
-    Category.MISPLACED_ENTRY,
 )
-"""The categories the replicas check counts (placement is the placement check's)."""
+"""The violations the replicas check counts (placement is the placement check's);
+over-replication is counted apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,13 @@ class ReplicasJudgement:
     """Answering bookies that lack copies: the ledger is marked naming them (none: no mark)."""
     lost_bookies: frozenset[str]
     """Unregistered bookies that did not answer, counted as holding nothing."""
+    over_replicated: tuple[Violation, ...]
+    """Extra copies on the bookies that answered, as the audit's over_replicated rows."""
+
+    @property
+    def noteworthy(self) -> bool:
+        """Whether there is anything to report: a violation, or extra copies to count."""
+        return bool(self.categories or self.over_replicated)
 
     @property
     def unresponsive_bookies(self) -> frozenset[str]:
@@ -74,13 +84,6 @@ def bookies_to_ask(metadata: LedgerMetadata) -> frozenset[str]:
         if last is not None and last >= first
         for bookie in segment.ensemble
     )
-
-
-def marked_too_long(first_marked_ms: int, now_ms: int, grace_period_ms: int) -> bool:
-    """Whether a ledger marked at `first_marked_ms` is overdue; a grace period of 0: never."""
-    if grace_period_ms < 0:
-        raise BadRequest(f"grace period {grace_period_ms} ms is negative")
-    return grace_period_ms > 0 and now_ms - first_marked_ms > grace_period_ms
 
 
 def judge_ledger(
@@ -105,8 +108,6 @@ def judge_ledger(
     categories: list[Category] = []
     if verdict.category is not None:
         categories.append(Category(verdict.category.value))
-    if any(finding.misplaced for finding in verdict.findings):
-        categories.append(Category.MISPLACED_ENTRY)
     if verdict.potentially_faulty:
         categories.append(Category.POTENTIALLY_FAULTY)
     mark = frozenset(
@@ -114,7 +115,8 @@ def judge_ledger(
         for finding in verdict.findings
         if finding.missing and finding.bookie_id in answers
     )
-    return ReplicasJudgement(verdict, tuple(categories), mark, frozenset(gone))
+    extra = tuple(over_replicated(metadata, answers))
+    return ReplicasJudgement(verdict, tuple(categories), mark, frozenset(gone), extra)
 
 
 def describe(metadata: LedgerMetadata, judgement: ReplicasJudgement) -> str:
@@ -133,13 +135,8 @@ def describe(metadata: LedgerMetadata, judgement: ReplicasJudgement) -> str:
             f"{finding.bookie_id} (position {finding.position}"
             f"{', lost' if finding.bookie_id in judgement.lost_bookies else ''})"
         )
-        if finding.missing:
-            parts.append(f"{where} lacks {len(finding.missing)}: {entry_ranges(finding.missing)}")
-        if finding.misplaced:
-            parts.append(
-                f"{where} holds {len(finding.misplaced)} outside its write sets: "
-                f"{entry_ranges(finding.misplaced)}"
-            )
+        parts.append(f"{where} lacks {len(finding.missing)}: {entry_ranges(finding.missing)}")
+    parts += [row.detail for row in judgement.over_replicated]
     if judgement.lost_bookies:
         parts.append(
             f"unregistered bookies {sorted(judgement.lost_bookies)} did not answer: counted as "
