@@ -41,7 +41,7 @@ from tally.audit.synth import GRACE_PERIOD_MS, MIN_RACKS, NOW_MS, synthesize
 from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
 from tally.core.ledger_audit import LedgerColumns, audit_ledger, clean_ledgers
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.schedule import expected_entries
 
 BOOKIES, RACKS = 60, 3

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tally.core.digest import DigestType
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata import Create, MetadataStore, open_store
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerManager

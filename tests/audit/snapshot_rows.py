@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tally.core.digest import DigestType
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 
 
 def metadata_of(ledger: dict[str, Any], segments: list[dict[str, Any]]) -> LedgerMetadata:

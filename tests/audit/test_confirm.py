@@ -22,7 +22,7 @@ from tally.audit.confirm import CONFIRMED, CONFIRMED_JSON, confirm
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata.bookie_registry import BookiePlacement
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.audit.test_snapshot import fake_bookie

@@ -33,7 +33,7 @@ from tally.autorecovery.replication_worker import ReplicationWorker
 from tally.client.config import ClientConfig
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, OverReplication
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import expected_entries
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
 

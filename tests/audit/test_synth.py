@@ -30,7 +30,7 @@ from tally.core.availability import EntryAvailability
 from tally.core.durability import check_ledger
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.placement import PlacementAdherence, RackAwarePlacementPolicy
 from tally.core.schedule import expected_entries
 from tests.audit.snapshot_rows import metadata_of

@@ -28,7 +28,7 @@ from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.digest import DigestType
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry

@@ -21,7 +21,7 @@ from tally.autorecovery.replicas_check import replicas_check
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.client import Client
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import LOCKS

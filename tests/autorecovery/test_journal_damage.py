@@ -22,7 +22,7 @@ from tally.core.digest import mac_key
 from tally.core.entry_format import decode_entry
 from tally.core.errors import LedgerInLimbo, TallyError
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tests.autorecovery.test_end_to_end import (
     PASSWORD,

@@ -27,7 +27,7 @@ from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
 from tally.core.digest import master_key
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerRecord

@@ -20,7 +20,7 @@ from tally.core.errors import (
     TooManyRequests,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.protocol import ReadRequest, Request
 from tally.metadata.ledger_manager import LedgerManager
 from tests.support.fake_bookie import FakeBookie, FakeCluster, fake_cluster

@@ -17,7 +17,7 @@ import tally
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
 from tally.core.errors import IllegalOperation, TallyError, TooManyRequests
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.core.protocol import AddRequest, Request
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord

@@ -19,7 +19,7 @@ from tally.client.bookie_connection import BookieConnection
 from tally.client.writer import LedgerWriter
 from tally.core.availability import EntryAvailability
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.errors import (
     BadRequest,
     LedgerClosed,

@@ -21,7 +21,7 @@ from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, mac_key, master_key
 from tally.core.entry_format import decode_entry, encode_entry
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.core.schedule import write_set
 from tally.errors import (
     BadDigest,

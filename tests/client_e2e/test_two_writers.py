@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tally
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tests.client_e2e.conftest import (
     FAST,
     Cluster,

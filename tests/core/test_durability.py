@@ -10,7 +10,7 @@ from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
 from tally.core.durability import DurabilityCategory, check_ledger
 from tally.core.errors import BadRequest
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import expected_entries, write_set
 from tests.support.ledgers import rotating_ledger
 

@@ -24,7 +24,7 @@ from tally.core.ledger_audit import (
     marked_too_long,
     potentially_faulty,
 )
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import (
     DEFAULT_RACK,
     PlacementAdherence,

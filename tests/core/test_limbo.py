@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.limbo import LimboVerdict, check_limbo
-from tally.core.metadata import LedgerMetadata
 from tally.core.schedule import write_set
 
 BOOKIES = ("a", "b", "c", "d", "e")

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.lost_bookies import (
     LostBookies,
     LostBookieState,
     bookies_holding_entries,
 )
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
 
 A, B, C, D = "a:1", "b:1", "c:1", "d:1"
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tally.core.availability import MAX_SEQUENCE, EntryAvailability, SequenceGroup
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category, marked_too_long, over_replicated
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     bookies_to_ask,
     checkable,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.replication import (
     EntrySources,
     PositionRepair,

@@ -25,7 +25,7 @@ from tally.bookie.server import Bookie
 from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.http.admin import LocalAutoRecovery, LocalBookie, create_app, serve
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import BookieInfo, BookieRegistry

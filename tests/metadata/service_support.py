@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from tally.core.digest import DigestType
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tests.metadata.support import StoreProcess
 
 SERVICE_WORKER = Path(__file__).with_name("service_worker.py")

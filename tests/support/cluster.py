@@ -23,7 +23,7 @@ from tally.core.entry_format import decode_entry
 from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import over_replicated
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.store import MetadataStore

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tally.core.digest import DigestType
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import write_set
 
 BOOKIES = tuple(f"b{i}" for i in range(8))

@@ -60,7 +60,7 @@ from tally.core.ledger_audit import (
     clean_ledgers,
     potentially_faulty,
 )
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import DEFAULT_RACK, racks_in_cluster
 
 PART_LEDGER, PART_AVAILABILITY = -1, 2**31 - 1

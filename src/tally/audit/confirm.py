@@ -48,7 +48,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, Violation, audit_ledger
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.core.placement import racks_in_cluster
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster

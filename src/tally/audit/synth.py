@@ -42,7 +42,7 @@ from tally.core.availability import GROUP_SIZE, HEADER_SIZE, EntryAvailability
 from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
-from tally.core.metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
 from tally.core.schedule import expected_entries, write_set
 from tally.version import __version__

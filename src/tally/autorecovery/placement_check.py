@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from tally.autorecovery import auditor_metrics as metrics
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
-from tally.core.metadata import LedgerState, Segment
+from tally.core.ledger_metadata import LedgerState, Segment
 from tally.core.placement import (
     PlacementAdherence,
     crowded_bookies,

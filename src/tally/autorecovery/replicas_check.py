@@ -55,7 +55,7 @@ from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category, OverReplication, Violation, marked_too_long
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.replicas_decisions import (
     REPLICAS_CATEGORIES,
     ReplicasJudgement,

@@ -58,7 +58,7 @@ from tally.core.errors import (
     TallyError,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.replication import (
     EntrySources,
     RepairKind,

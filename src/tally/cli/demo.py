@@ -22,7 +22,7 @@ from tally.core.durability import check_ledger
 from tally.core.entry_format import decode_entry, encode_entry
 from tally.core.errors import BadDigest
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.quorum import (
     RecoveryRead,
     coverage_threshold,

@@ -56,7 +56,7 @@ from tally.core.errors import (
     TallyError,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.core.schedule import check_quorums
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieRegistry

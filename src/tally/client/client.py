@@ -31,7 +31,7 @@ from tally.client.writer import LedgerWriter
 from tally.core.digest import DigestType, LedgerKeys
 from tally.core.errors import BadRequest, IllegalOperation
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.placement import (
     DefaultPlacementPolicy,
     PlacementPolicy,

@@ -30,7 +30,7 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
 

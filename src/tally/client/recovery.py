@@ -27,7 +27,7 @@ from tally.core.errors import (
     MetadataVersionConflict,
     TallyError,
 )
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.quorum import (
     FencingTracker,
     RecoveryRead,

@@ -42,7 +42,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerState
+from tally.core.ledger_metadata import LedgerState
 from tally.core.quorum import PendingAdds
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import expected_entries
 
 

@@ -35,7 +35,7 @@ from tally.core.availability import (
 )
 from tally.core.durability import DurabilityCategory, LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
-from tally.core.metadata import MAX_ENSEMBLE_SIZE, LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import MAX_ENSEMBLE_SIZE, LedgerMetadata, LedgerState
 from tally.core.placement import (
     PlacementAdherence,
     adherence_of_racks,

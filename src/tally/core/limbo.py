@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tally.core.availability import EntryAvailability
 from tally.core.durability import check_ledger
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 
 
 class LimboVerdict(enum.Enum):

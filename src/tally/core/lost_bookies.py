@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from tally.core.errors import BadRequest
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 
 
 class LostBookieState(enum.Enum):

@@ -29,7 +29,7 @@ from tally.core.availability import EntryAvailability
 from tally.core.durability import LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category, Violation, over_replicated
-from tally.core.metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 
 SHOWN_RANGES = 4
 """Runs of entries a description names per bookie before it says "...": enough to look."""

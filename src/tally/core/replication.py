@@ -39,7 +39,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import expected_entries, write_set
 
 

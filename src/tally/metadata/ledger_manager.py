@@ -31,7 +31,7 @@ from tally.core.errors import (
     NoSuchLedger,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata.key_ops import Watcher
 from tally.metadata.ledger_tree import (
     DEFAULT_PAGE_SIZE,

@@ -24,7 +24,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.metadata import (
+from tally.core.ledger_metadata import (
     FORMAT_VERSION,
     INT64_MAX,
     LedgerMetadata,
