@@ -299,6 +299,28 @@ def test_segment_bounds_leave_the_open_last_segment_unbounded() -> None:
     assert open_ledger().close(-1, 0).segment_bounds() == ((0, -1),)
 
 
+@given(metadatas(), st.data())
+def test_write_set_bookies_follow_the_segment_and_the_schedule(
+    metadata: LedgerMetadata, data: st.DataObject
+) -> None:
+    last = metadata.last_entry_id if metadata.is_closed else 200
+    if last < 0:
+        return
+    entry_id = data.draw(st.integers(0, last))
+    ensemble = metadata.ensemble_at(entry_id)
+    e, wq = metadata.ensemble_size, metadata.write_quorum
+    assert metadata.write_set_bookies(entry_id) == tuple(
+        ensemble[(entry_id + k) % e] for k in range(wq)
+    )
+
+
+@given(metadatas())
+def test_segments_with_bounds_pair_each_segment_with_its_bounds(metadata: LedgerMetadata) -> None:
+    paired = metadata.segments_with_bounds()
+    assert [segment for segment, _, _ in paired] == list(metadata.segments)
+    assert [(first, last) for _, first, last in paired] == list(metadata.segment_bounds())
+
+
 def test_bookies_are_those_of_every_segment() -> None:
     assert three_segments().bookies() == frozenset(
         {"bk1:3181", "bk2:3181", "bk3:3181", "bk8:3181", "bk9:3181"}

@@ -298,9 +298,7 @@ def _ledger_rows(
         ("underreplicated_since_ms", marked_ms),
     ):
         ledgers[name].append(value)
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         segments["scope"].append(scope)
         segments["ledger_id"].append(ledger_id)
         segments["segment_index"].append(index)

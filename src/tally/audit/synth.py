@@ -44,7 +44,7 @@ from tally.core.errors import BadRequest
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.placement import PlacementAdherence, adherence_of_racks
-from tally.core.schedule import expected_entries, write_set
+from tally.core.schedule import expected_entries
 from tally.version import __version__
 
 Progress = Callable[[str, int, int | None], None]
@@ -837,12 +837,12 @@ class _Injector:
         rng = self.rng
         e, wq, aq = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         index = rng.randrange(len(metadata.segments))
-        ensemble = metadata.segments[index].ensemble
-        first, last = metadata.segment_bounds()[index]
+        segment, first, last = metadata.segments_with_bounds()[index]
+        ensemble = segment.ensemble
         assert last is not None
         entry = rng.randint(first, last)
         one = EntryAvailability.from_entries([entry])
-        copies = [ensemble[p] for p in write_set(entry, e, wq)]
+        copies = list(metadata.write_set_bookies(entry))
 
         def lose(bookies: list[str], entries: EntryAvailability = one) -> None:
             for bookie in bookies:
@@ -908,7 +908,7 @@ def _held(metadata: LedgerMetadata) -> dict[str, EntryAvailability]:
     """What each bookie of a healthy closed ledger holds: its positions' schedules."""
     held: dict[str, EntryAvailability] = {}
     e, wq = metadata.ensemble_size, metadata.write_quorum
-    for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True):
+    for segment, first, last in metadata.segments_with_bounds():
         assert last is not None
         for position, bookie in enumerate(segment.ensemble):
             expected = expected_entries(first, last, e, wq, position)

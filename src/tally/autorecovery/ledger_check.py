@@ -22,7 +22,7 @@ from tally.client.context import ClientContext
 from tally.core.entry_format import peek_header
 from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
-from tally.core.schedule import entries_to_verify, write_set
+from tally.core.schedule import entries_to_verify
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import AuditorCheck
 
@@ -111,16 +111,11 @@ class _LedgerCheck:
         percentage = self.config.auditor_ledger_verification_percentage
 
         def reads() -> Iterable[tuple[int, int, str]]:
-            for segment, (first, last) in zip(
-                metadata.segments, metadata.segment_bounds(), strict=True
-            ):
+            for _, first, last in metadata.segments_with_bounds():
                 if last is None:
                     continue  # an open ledger's last segment is still being written
                 for entry_id in entries_to_verify(first, last, percentage):
-                    for position in write_set(
-                        entry_id, metadata.ensemble_size, metadata.write_quorum
-                    ):
-                        bookie = segment.ensemble[position]
+                    for bookie in metadata.write_set_bookies(entry_id):
                         if bookie in self.registered:
                             yield first, entry_id, bookie
 

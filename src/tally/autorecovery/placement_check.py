@@ -43,9 +43,7 @@ async def placement_check(
                 continue
             shapes = [
                 (segment.ensemble, last is None or last >= first)
-                for segment, (first, last) in zip(
-                    metadata.segments, metadata.segment_bounds(), strict=True
-                )
+                for segment, first, last in metadata.segments_with_bounds()
             ]
             worst, indexes = worst_segments(
                 context.policy, shapes, metadata.write_quorum, racks, cluster_racks

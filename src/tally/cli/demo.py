@@ -70,9 +70,7 @@ def _write_ledger(console: Console, ledger_id: LedgerId) -> LedgerMetadata:
         f"ensemble. Metadata: {len(metadata.to_bytes())} bytes, CRC32C-sealed."
     )
     table = Table("segment", "entries", "ensemble (position 0..E-1)")
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         table.add_row(str(index), f"{first:,}..{last:,}", "  ".join(segment.ensemble))
     console.print(table)
     return metadata
@@ -84,7 +82,7 @@ def _show_expected_availability(
     """Each bookie's entries by the round-robin schedule, in the BP-34 encoding."""
     e, wq = metadata.ensemble_size, metadata.write_quorum
     expected: dict[str, EntryAvailability] = {}
-    for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True):
+    for segment, first, last in metadata.segments_with_bounds():
         assert last is not None
         for position, bookie in enumerate(segment.ensemble):
             part = expected_entries(first, last, e, wq, position)

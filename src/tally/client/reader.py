@@ -31,7 +31,6 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
-from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -112,10 +111,7 @@ class EntryFetcher:
 
     async def read(self, metadata: LedgerMetadata, entry_id: int) -> LedgerEntry:
         """`entry_id` from any replica of its write set, failing over and speculating."""
-        ensemble = metadata.ensemble_at(entry_id)
-        bookies = [
-            ensemble[p] for p in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
-        ]
+        bookies = list(metadata.write_set_bookies(entry_id))
         speculative = self.context.config.speculative_read_timeout
         errors: list[TallyError] = []
         tasks: set[asyncio.Task[FetchedEntry]] = set()

@@ -33,7 +33,6 @@ from tally.core.quorum import (
     RecoveryRead,
     RecoveryReadDecision,
 )
-from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -241,10 +240,7 @@ async def _rewrite_once(
 
     async def rewrite(fetched: FetchedEntry) -> None:
         entry_id = fetched.entry.entry_id
-        ensemble = metadata.ensemble_at(entry_id)
-        bookies = [
-            ensemble[p] for p in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
-        ]
+        bookies = list(metadata.write_set_bookies(entry_id))
         acks = await asyncio.gather(*(add(bookie, fetched.raw) for bookie in bookies))
         if sum(acks) < metadata.ack_quorum:
             short[entry_id] = {bookie for bookie, ok in zip(bookies, acks, strict=True) if not ok}

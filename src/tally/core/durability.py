@@ -92,9 +92,7 @@ def check_ledger(
     findings: list[SegmentBookieFinding] = []
     unresponsive: set[str] = set()
     most_missing = 0
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         if last is None or last < first:
             continue
         missing_by_position: list[EntryAvailability] = []

@@ -253,9 +253,7 @@ def over_replicated(
     """
     e, wq = metadata.ensemble_size, metadata.write_quorum
     found = []
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         if last is None or last < first:
             continue
         span = EntryAvailability.span(first, last)
@@ -323,9 +321,7 @@ def _placement(
 ) -> list[Violation]:
     wq = metadata.write_quorum
     found = []
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         assert last is not None  # closed ledger
         if last < first:
             continue

@@ -49,7 +49,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.schedule import check_quorums
+from tally.core.schedule import check_quorums, write_set
 
 MAGIC = b"TLYM"
 FORMAT_VERSION = 1
@@ -294,6 +294,20 @@ class LedgerMetadata:
         ends.append(self.last_entry_id if self.is_closed else None)
         return tuple(
             (segment.first_entry_id, end) for segment, end in zip(self.segments, ends, strict=True)
+        )
+
+    def segments_with_bounds(self) -> tuple[tuple[Segment, int, int | None], ...]:
+        """Each segment with its first and last entry id, as `segment_bounds` gives them."""
+        return tuple(
+            (segment, first, last)
+            for segment, (first, last) in zip(self.segments, self.segment_bounds(), strict=True)
+        )
+
+    def write_set_bookies(self, entry_id: int) -> tuple[str, ...]:
+        """The bookies that store `entry_id`, in the order writes and reads use."""
+        ensemble = self.ensemble_at(entry_id)
+        return tuple(
+            ensemble[p] for p in write_set(entry_id, self.ensemble_size, self.write_quorum)
         )
 
     def bookies(self) -> frozenset[str]:

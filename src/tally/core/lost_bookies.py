@@ -216,7 +216,7 @@ def bookies_holding_entries(metadata: LedgerMetadata) -> frozenset[str]:
     acknowledged there, so a bookie lost from it costs no copy)."""
     return frozenset(
         bookie
-        for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True)
+        for segment, first, last in metadata.segments_with_bounds()
         if last is None or first <= last
         for bookie in segment.ensemble
     )

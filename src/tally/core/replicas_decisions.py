@@ -80,7 +80,7 @@ def bookies_to_ask(metadata: LedgerMetadata) -> frozenset[str]:
     """Every bookie of a segment that holds entries, each once."""
     return frozenset(
         bookie
-        for segment, (first, last) in zip(metadata.segments, metadata.segment_bounds(), strict=True)
+        for segment, first, last in metadata.segments_with_bounds()
         if last is not None and last >= first
         for bookie in segment.ensemble
     )

@@ -192,9 +192,7 @@ def plan_replication(
     segments: list[SegmentRepair] = []
     unjudged: set[str] = set()
     recover_first: frozenset[str] = frozenset()
-    for index, (segment, (first, last)) in enumerate(
-        zip(metadata.segments, metadata.segment_bounds(), strict=True)
-    ):
+    for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         standings = tuple(standing(bookie) for bookie in segment.ensemble)
         if last is None:
             recover_first = frozenset(
