@@ -14,6 +14,7 @@ from tally.core.errors import (
     NoSuchLedger,
 )
 from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata import ledger_manager
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
@@ -137,6 +138,69 @@ async def test_create_read_update_delete(backend: Backend) -> None:
                 await manager.remove_ledger_metadata(ledger_id)
         assert await store.children(LEDGERS) == []
         assert await store.children(LEDGERS + SCOPED_SUFFIX) == []
+
+
+async def test_update_applies_its_change_again_after_a_conflict(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        (stale,) = await new_ledgers(store, 1)
+        ledger_id = stale.ledger_id
+        moved = await manager.write_ledger_metadata(
+            ledger_id, stale.metadata.with_custom_metadata({"by": b"another"}), stale.version
+        )
+        seen: list[int] = []
+
+        def close(metadata: LedgerMetadata) -> LedgerMetadata:
+            seen.append(len(metadata.custom_metadata))
+            return metadata.close(9, 100)
+
+        closed = await manager.update(ledger_id, close, current=stale)
+        assert seen == [len(stale.metadata.custom_metadata), len(moved.metadata.custom_metadata)]
+        assert closed.version == moved.version + 1
+        assert closed.metadata == moved.metadata.close(9, 100)
+        assert await manager.read_ledger_metadata(ledger_id) == closed
+        # Nothing to change: nothing written.
+        assert await manager.update(ledger_id, lambda metadata: metadata) == closed
+        # The change's own error stops the loop, before any write.
+        with pytest.raises(BadRequest, match="refused"):
+            await manager.update(ledger_id, refuse)
+        assert await manager.read_ledger_metadata(ledger_id) == closed
+
+
+def refuse(metadata: LedgerMetadata) -> LedgerMetadata:
+    raise BadRequest("refused")
+
+
+async def test_update_gives_up_when_every_attempt_meets_another_writer(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        (record,) = await new_ledgers(store, 1)
+        other = LedgerManager(store)
+        writes = 0
+
+        async def meddle() -> None:
+            nonlocal writes
+            current = await other.read_ledger_metadata(record.ledger_id)
+            await other.write_ledger_metadata(
+                record.ledger_id,
+                current.metadata.with_custom_metadata({"n": str(writes).encode()}),
+                current.version,
+            )
+            writes += 1
+
+        original_read = manager.read_ledger_metadata
+
+        async def read_then_meddle(ledger_id: LedgerId) -> LedgerRecord:
+            found = await original_read(ledger_id)
+            await meddle()  # another writer gets in between every read and its CAS
+            return found
+
+        manager.read_ledger_metadata = read_then_meddle  # type: ignore[method-assign]
+        with pytest.raises(MetadataVersionConflict, match="kept changing over 3 attempts"):
+            await manager.update(record.ledger_id, lambda m: m.close(0, 1), attempts=3)
+        assert writes == 3
 
 
 async def test_creates_racing_deletes_that_prune_their_parents_all_succeed(

@@ -87,6 +87,10 @@ LOST_REASON_ENTRIES = 20
 """Entries described one by one in a lost-entries record's reason and its alert."""
 
 
+class _SegmentChanged(Exception):
+    """A segment being repaired changed in the metadata before its new bookies were in."""
+
+
 class Outcome(enum.Enum):
     REPLICATED = "replicated"
     """Every copy is back (or the ledger is gone): the mark is removed."""
@@ -616,38 +620,33 @@ class _LedgerRepair:
     ) -> LedgerRecord | None:
         """CAS the replacements into the metadata; None if a replaced segment changed."""
         planned = record.metadata
-        current = record
-        for _ in range(CAS_ATTEMPTS):
-            updated = apply_replacements(current.metadata, planned, replacements)
+
+        def replace(current: LedgerMetadata) -> LedgerMetadata:
+            updated = apply_replacements(current, planned, replacements)
             if updated is None:
-                log.info(
-                    "ledger %s: a repaired segment changed meanwhile; planning again", self.name
-                )
-                return None
-            if updated == current.metadata:
-                return current
-            try:
-                committed = await self.context.ledgers.write_ledger_metadata(
-                    self.ledger_id, updated, current.version
-                )
-            except MetadataVersionConflict:
-                current = await self.context.ledgers.read_ledger_metadata(self.ledger_id)
-                continue
-            for replacement in replacements:
-                metrics.BOOKIES_REPLACED.inc()
-                log.info(
-                    "ledger %s segment %d position %d: bookie %s replaced by %s in the metadata",
-                    self.name,
-                    replacement.segment_index,
-                    replacement.position,
-                    replacement.old,
-                    replacement.new,
-                )
-            return committed
-        raise MetadataVersionConflict(
-            f"ledger {self.name}: metadata kept changing over {CAS_ATTEMPTS} attempts to "
-            "commit the new bookies"
-        )
+                raise _SegmentChanged
+            return current if updated == current else updated
+
+        try:
+            committed = await self.context.ledgers.update(
+                self.ledger_id, replace, current=record, attempts=CAS_ATTEMPTS
+            )
+        except _SegmentChanged:
+            log.info("ledger %s: a repaired segment changed meanwhile; planning again", self.name)
+            return None
+        if committed.version == record.version:
+            return committed  # nothing to write: already in
+        for replacement in replacements:
+            metrics.BOOKIES_REPLACED.inc()
+            log.info(
+                "ledger %s segment %d position %d: bookie %s replaced by %s in the metadata",
+                self.name,
+                replacement.segment_index,
+                replacement.position,
+                replacement.old,
+                replacement.new,
+            )
+        return committed
 
     async def _record_lost(self, lost: dict[int, str]) -> None:
         ranges = entry_ranges(lost)

@@ -74,18 +74,12 @@ async def recover(context: ClientContext, record: LedgerRecord, keys: LedgerKeys
 
 
 async def _start_recovery(context: ClientContext, record: LedgerRecord) -> LedgerRecord:
-    while True:
-        metadata = record.metadata.start_recovery()
-        if metadata is record.metadata or metadata.state is LedgerState.CLOSED:
-            return record
-        try:
-            return await context.ledgers.write_ledger_metadata(
-                record.ledger_id, metadata, record.version
-            )
-        except MetadataVersionConflict:
-            record = await context.ledgers.read_ledger_metadata(record.ledger_id)
-            if record.metadata.state is LedgerState.CLOSED:
-                return record
+    """IN_RECOVERY, unless another recovery closed the ledger first."""
+
+    def start(metadata: LedgerMetadata) -> LedgerMetadata:
+        return metadata if metadata.state is LedgerState.CLOSED else metadata.start_recovery()
+
+    return await context.ledgers.update(record.ledger_id, start, current=record)
 
 
 async def _fence(fetcher: EntryFetcher, metadata: LedgerMetadata) -> int:
@@ -287,13 +281,9 @@ async def _replace_in_recovery(
 async def _close(
     context: ClientContext, record: LedgerRecord, last: int, length: int
 ) -> LedgerRecord:
-    while True:
-        if record.metadata.state is LedgerState.CLOSED:
-            return record  # another recovery closed it first: its end stands
-        metadata = record.metadata.close(last, length)
-        try:
-            return await context.ledgers.write_ledger_metadata(
-                record.ledger_id, metadata, record.version
-            )
-        except MetadataVersionConflict:
-            record = await context.ledgers.read_ledger_metadata(record.ledger_id)
+    def close(metadata: LedgerMetadata) -> LedgerMetadata:
+        if metadata.state is LedgerState.CLOSED:
+            return metadata  # another recovery closed it first: its end stands
+        return metadata.close(last, length)
+
+    return await context.ledgers.update(record.ledger_id, close, current=record)

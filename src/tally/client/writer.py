@@ -42,7 +42,7 @@ from tally.core.errors import (
     Unauthorized,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_metadata import LedgerState
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.quorum import PendingAdds
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
@@ -350,47 +350,48 @@ class LedgerWriter:
     async def _cas_new_segment(self, positions: list[int]) -> None:
         context = self._context
         failed = {self._ensemble[p] for p in positions}
-        for _ in range(context.config.ensemble_change_retries):
-            ensemble = list(
-                await context.replace_positions(
-                    self._ensemble, positions, self._record.metadata.write_quorum
-                )
+        ensemble = list(
+            await context.replace_positions(
+                self._ensemble, positions, self._record.metadata.write_quorum
             )
-            first = self._pending.last_add_confirmed + 1
-            record = self._record
-            try:
-                metadata = record.metadata.with_ensemble_change(first, tuple(ensemble))
-                self._record = await context.ledgers.write_ledger_metadata(
-                    self.ledger_id, metadata, record.version
-                )
-            except MetadataVersionConflict:
-                self._record = await context.ledgers.read_ledger_metadata(self.ledger_id)
-                self._stop_if_taken_over()
-                continue
-            except (LedgerFenced, LedgerClosed):
-                raise
-            log.info(
-                "ledger %s: ensemble change at entry %d: %s -> %s",
-                self.ledger_id,
-                first,
-                sorted(failed),
-                [ensemble[p] for p in positions],
-            )
-            self._ensemble = ensemble
-            return
-        raise NotEnoughBookies(
-            f"ledger {self.ledger_id}: no ensemble change after "
-            f"{context.config.ensemble_change_retries} attempts"
         )
+        first = self._pending.last_add_confirmed + 1
 
-    def _stop_if_taken_over(self) -> None:
-        state = self._record.metadata.state
-        if state is LedgerState.IN_RECOVERY:
+        def change(metadata: LedgerMetadata) -> LedgerMetadata:
+            self._stop_if_taken_over(metadata)
+            return metadata.with_ensemble_change(first, tuple(ensemble))
+
+        try:
+            self._record = await context.ledgers.update(
+                self.ledger_id,
+                change,
+                current=self._record,
+                attempts=context.config.ensemble_change_retries,
+            )
+        except MetadataVersionConflict:
+            raise NotEnoughBookies(
+                f"ledger {self.ledger_id}: no ensemble change after "
+                f"{context.config.ensemble_change_retries} attempts"
+            ) from None
+        log.info(
+            "ledger %s: ensemble change at entry %d: %s -> %s",
+            self.ledger_id,
+            first,
+            sorted(failed),
+            [ensemble[p] for p in positions],
+        )
+        self._ensemble = ensemble
+
+    def _stop_if_recovering(self, metadata: LedgerMetadata) -> None:
+        if metadata.state is LedgerState.IN_RECOVERY:
             raise LedgerFenced(f"ledger {self.ledger_id} is being recovered by another client")
-        if state is LedgerState.CLOSED:
+
+    def _stop_if_taken_over(self, metadata: LedgerMetadata) -> None:
+        self._stop_if_recovering(metadata)
+        if metadata.state is LedgerState.CLOSED:
             raise LedgerClosed(
                 f"ledger {self.ledger_id} was closed by another client at entry "
-                f"{self._record.metadata.last_entry_id}"
+                f"{metadata.last_entry_id}"
             )
 
     # -- explicit LAC ----------------------------------------------------------------------
@@ -432,23 +433,14 @@ class LedgerWriter:
         deadline = asyncio.get_running_loop().time() + self._context.config.close_copies_timeout
         await self._settle_copies(deadline)
         last, length = self._pending.last_add_confirmed, self._confirmed_length
-        context = self._context
-        while True:
-            record = self._record
-            metadata = record.metadata.close(last, length)
-            if metadata is record.metadata:
-                break
-            try:
-                self._record = await context.ledgers.write_ledger_metadata(
-                    self.ledger_id, metadata, record.version
-                )
-                break
-            except MetadataVersionConflict:
-                self._record = await context.ledgers.read_ledger_metadata(self.ledger_id)
-                if self._record.metadata.state is LedgerState.IN_RECOVERY:
-                    raise LedgerFenced(
-                        f"ledger {self.ledger_id} is being recovered by another client"
-                    ) from None
+
+        def close(metadata: LedgerMetadata) -> LedgerMetadata:
+            self._stop_if_recovering(metadata)
+            return metadata.close(last, length)
+
+        self._record = await self._context.ledgers.update(
+            self.ledger_id, close, current=self._record
+        )
         await self._mark_under_replicated("closed")
 
     async def stop(self) -> None:

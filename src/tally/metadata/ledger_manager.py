@@ -49,6 +49,9 @@ from tally.metadata.store import MetadataStore, Versioned, WatchKind
 
 log = logging.getLogger(__name__)
 
+UPDATE_ATTEMPTS = 10
+"""Compare-and-set tries of one `update` before it gives up."""
+
 IDGEN_BUCKET_SIZE = 1 << 30
 """Ids per bucket of the sequence: below ZooKeeper's 2^31 data versions."""
 CREATE_ATTEMPTS = 3
@@ -183,6 +186,34 @@ class LedgerManager:
                 "re-read it and apply the change again"
             ) from None
         return LedgerRecord(ledger_id, metadata, stat.version)
+
+    async def update(
+        self,
+        ledger_id: LedgerId,
+        change: Callable[[LedgerMetadata], LedgerMetadata],
+        *,
+        current: LedgerRecord | None = None,
+        attempts: int = UPDATE_ATTEMPTS,
+    ) -> LedgerRecord:
+        """Read, change, compare-and-set, and on a version conflict read and change again
+        (BookKeeper's MetadataUpdateLoop). `change` gets the metadata as stored and returns
+        the metadata to write, the same object when nothing needs writing, or raises to stop
+        (its error is the caller's). `current`: the record the caller holds, tried first.
+        The record as written, or as read if nothing changed; MetadataVersionConflict if
+        the metadata changed under every one of `attempts` tries."""
+        record = current if current is not None else await self.read_ledger_metadata(ledger_id)
+        for attempt in range(1, attempts + 1):
+            updated = change(record.metadata)
+            if updated is record.metadata:
+                return record
+            try:
+                return await self.write_ledger_metadata(ledger_id, updated, record.version)
+            except MetadataVersionConflict:
+                if attempt < attempts:
+                    record = await self.read_ledger_metadata(ledger_id)
+        raise MetadataVersionConflict(
+            f"ledger {ledger_id}: its metadata kept changing over {attempts} attempts to update it"
+        )
 
     async def remove_ledger_metadata(
         self, ledger_id: LedgerId, expected_version: int | None = None
