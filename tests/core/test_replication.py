@@ -9,16 +9,19 @@ from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
+from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.replication import (
     EntrySources,
     PositionRepair,
     RepairKind,
+    RepairSchedule,
     Replacement,
     Standing,
     TokenBucket,
     apply_replacements,
     entry_ranges,
+    grace_deadline,
     plan_replication,
     replacements_of,
     retry_delay,
@@ -395,3 +398,61 @@ def test_position_repair_and_sources_are_plain_values() -> None:
     repair = PositionRepair(0, "b0", RepairKind.FILL, EntryAvailability.from_entries([1]))
     sources = EntrySources(1, (repair,), ("b1",), ("b0",), ())
     assert targets_of(sources, {}) == ((repair, "b0"),)
+
+
+# -- the repair schedule ------------------------------------------------------------------
+
+L1, L2 = LedgerId(0, 1), LedgerId(0, 2)
+
+
+def test_a_failed_ledger_waits_a_doubling_backoff_while_others_are_due() -> None:
+    schedule = RepairSchedule(1.0, 5.0)
+    assert schedule.is_due(L1, 100.0, mark_version=0, lost_at=None)
+    waits = []
+    for _ in range(5):
+        backoff = schedule.failed(L1, 100.0)
+        waits.append(backoff.retry_at - 100.0)
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert not schedule.is_due(L1, 104.9, mark_version=0, lost_at=None)
+    assert schedule.is_due(L1, 105.0, mark_version=0, lost_at=None)
+    assert schedule.is_due(L2, 100.0, mark_version=0, lost_at=None)
+    schedule.done(L1)
+    assert schedule.is_due(L1, 100.0, mark_version=0, lost_at=None)
+    assert schedule.failed(L1, 100.0).failures == 1, "a repair resets the count"
+
+
+def test_a_deferred_ledger_waits_for_its_deadline_and_keeps_its_failures() -> None:
+    schedule = RepairSchedule(1.0, 60.0)
+    schedule.failed(L1, 0.0)
+    schedule.failed(L1, 0.0)
+    schedule.deferred(L1, until=30.0)
+    assert not schedule.is_due(L1, 29.0, mark_version=0, lost_at=None)
+    assert schedule.is_due(L1, 30.0, mark_version=0, lost_at=None)
+    assert schedule.failed(L1, 30.0).failures == 3
+
+
+def test_a_lost_ledger_is_left_alone_until_it_is_marked_again() -> None:
+    schedule = RepairSchedule(1.0, 60.0)
+    assert not schedule.is_due(L1, 0.0, mark_version=4, lost_at=4)
+    assert schedule.is_due(L1, 0.0, mark_version=5, lost_at=4)
+
+
+def test_ledgers_no_longer_marked_are_forgotten_and_the_next_look_comes_with_a_backoff() -> None:
+    schedule = RepairSchedule(2.0, 60.0)
+    assert schedule.next_look(0.0, poll_interval=5.0) == 5.0
+    schedule.failed(L1, 0.0)  # due at 2.0
+    schedule.deferred(L2, until=1.5)
+    assert schedule.next_look(1.0, poll_interval=5.0) == 0.5
+    assert [ledger for ledger, _ in schedule.backoffs()] == [L2, L1]
+    schedule.marks_seen([L1])
+    assert [ledger for ledger, _ in schedule.backoffs()] == [L1]
+    assert schedule.next_look(3.0, poll_interval=5.0) == 0.0
+
+
+def test_a_bad_backoff_is_refused_at_once() -> None:
+    with pytest.raises(BadRequest):
+        RepairSchedule(0.0, 1.0)
+
+
+def test_the_grace_deadline_counts_from_the_first_mark() -> None:
+    assert grace_deadline(first_marked_ms=10_500, grace_period=30.0) == 40.5

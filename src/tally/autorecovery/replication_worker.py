@@ -62,15 +62,16 @@ from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.replication import (
     EntrySources,
     RepairKind,
+    RepairSchedule,
     Replacement,
     ReplicationPlan,
     SegmentRepair,
     TokenBucket,
     apply_replacements,
     entry_ranges,
+    grace_deadline,
     plan_replication,
     replacements_of,
-    retry_delay,
     targets_of,
 )
 from tally.metadata.ledger_manager import LedgerRecord
@@ -102,12 +103,6 @@ class Outcome(enum.Enum):
     """Entries with no readable copy anywhere: on the lost-entries list."""
     FAILED = "failed"
     """Not repaired yet (bookies unreachable, no password, metadata changed): backs off."""
-
-
-@dataclass
-class _Backoff:
-    failures: int
-    retry_at: float
 
 
 @dataclass
@@ -152,7 +147,9 @@ class ReplicationWorker:
         self._clock = clock
         self._enabled = False
         self._wake = asyncio.Event()
-        self._backoffs: dict[LedgerId, _Backoff] = {}
+        self._schedule = RepairSchedule(
+            config.replication_backoff_initial, config.replication_backoff_max
+        )
         self._current: LedgerId | None = None
         self._counts = dict.fromkeys(Outcome, 0)
         self._entries_copied = 0
@@ -211,9 +208,8 @@ class ReplicationWorker:
     async def _idle(self) -> None:
         """Sleep until the next poll, a backoff's end, or a switch of the replication flag."""
         delay = self.config.under_replicated_poll_interval
-        if self._enabled and self._backoffs:
-            soonest = min(backoff.retry_at for backoff in self._backoffs.values())
-            delay = max(0.0, min(delay, soonest - self._clock()))
+        if self._enabled:
+            delay = self._schedule.next_look(self._clock(), delay)
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)
@@ -231,19 +227,19 @@ class ReplicationWorker:
             log.warning("replication worker %s: cannot list marks: %s", self.worker_id, error)
             return False
         metrics.LOST_ENTRIES.set(len(on_lost_list))
-        marked = {mark.ledger_id for mark in marks}
-        for ledger_id in set(self._backoffs) - marked:
-            del self._backoffs[ledger_id]
+        self._schedule.marks_seen([mark.ledger_id for mark in marks])
         again = False
         for mark in marks:
             if not self._enabled:
                 break
-            if on_lost_list.get(mark.ledger_id) == mark.version:
-                continue  # reported: not again until marked again
-            backoff = self._backoffs.get(mark.ledger_id)
-            if backoff is not None and backoff.retry_at > self._clock():
-                continue
-            again |= await self._take(mark.ledger_id) is Outcome.REMARKED
+            due = self._schedule.is_due(
+                mark.ledger_id,
+                self._clock(),
+                mark_version=mark.version,
+                lost_at=on_lost_list.get(mark.ledger_id),
+            )
+            if due:
+                again |= await self._take(mark.ledger_id) is Outcome.REMARKED
         return again
 
     async def _take(self, ledger_id: LedgerId) -> Outcome | None:
@@ -303,26 +299,19 @@ class ReplicationWorker:
     def _note(self, ledger_id: LedgerId, turn: _Turn) -> None:
         self._counts[turn.outcome] += 1
         if turn.outcome is Outcome.FAILED:
-            failures = self._backoffs[ledger_id].failures + 1 if ledger_id in self._backoffs else 1
-            delay = retry_delay(
-                failures,
-                self.config.replication_backoff_initial,
-                self.config.replication_backoff_max,
-            )
-            self._backoffs[ledger_id] = _Backoff(failures, self._clock() + delay)
+            backoff = self._schedule.failed(ledger_id, self._clock())
             log.info(
                 "ledger %s: not repaired (%s); try %d failed, next in %.1f s",
                 ledger_id.qualified_name,
                 turn.why,
-                failures,
-                delay,
+                backoff.failures,
+                backoff.retry_at - self._clock(),
             )
         elif turn.outcome is Outcome.DEFERRED:
             assert turn.retry_at is not None
-            failures = self._backoffs[ledger_id].failures if ledger_id in self._backoffs else 0
-            self._backoffs[ledger_id] = _Backoff(failures, turn.retry_at)
+            self._schedule.deferred(ledger_id, turn.retry_at)
         else:
-            self._backoffs.pop(ledger_id, None)
+            self._schedule.done(ledger_id)
 
     def _keys_of(self, metadata: LedgerMetadata) -> LedgerKeys | None:
         """The ledger's keys; None for an HMAC ledger whose password the worker lacks."""
@@ -357,9 +346,7 @@ class ReplicationWorker:
                     "failures": backoff.failures,
                     "retry_at_ms": int(backoff.retry_at * 1000),
                 }
-                for ledger_id, backoff in sorted(
-                    self._backoffs.items(), key=lambda item: item[1].retry_at
-                )
+                for ledger_id, backoff in self._schedule.backoffs()
             ],
         }
 
@@ -395,9 +382,9 @@ class _LedgerRepair:
         for _ in range(PLAN_ROUNDS):
             plan = await self._plan(record)
             if plan.recover_first:
-                deadline = (
-                    self.lock.mark.first_marked_ms / 1000
-                    + self.config.open_ledger_rereplication_grace_period
+                deadline = grace_deadline(
+                    self.lock.mark.first_marked_ms,
+                    self.config.open_ledger_rereplication_grace_period,
                 )
                 if self.worker._clock() < deadline:
                     if plan.segments:

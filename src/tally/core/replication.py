@@ -25,8 +25,10 @@ known not to have a readable copy: declared lost, lacking it in its availability
 answering NoSuchEntry or a corrupt copy. An absent bookie that is not declared lost, a
 timeout or any other error is unknown, never a loss (seed 003).
 
-Also here: the per-ledger exponential backoff, the token bucket of the copy's byte rate,
-ranges of lost entries, and re-applying replacements onto metadata that changed meanwhile.
+Also here: the worker's repair schedule (per-ledger backoff, the open ledger's grace
+deadline, lost ledgers left alone until marked again), the token bucket of the copy's byte
+rate, ranges of lost entries, and re-applying replacements onto metadata that changed
+meanwhile.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
+from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import expected_entries, write_set
 
@@ -285,6 +288,80 @@ def retry_delay(failures: int, initial: float, maximum: float) -> float:
         return 0.0
     doublings = min(failures - 1, 64)
     return float(min(maximum, initial * 2.0**doublings))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Backoff:
+    failures: int
+    """Failed turns in a row (0 for a turn deferred by an open ledger's grace period)."""
+    retry_at: float
+
+
+class RepairSchedule:
+    """When a replication worker takes each marked ledger: a small state machine fed with
+    what its turns did, with the time as an input (seconds, the worker's clock).
+
+    A ledger whose turn failed waits `retry_delay` before its next; one deferred for an
+    open ledger's grace period waits until the deadline given; one reported as lost waits
+    until it is marked again (a new mark version). A repaired ledger, or one no longer
+    marked, is due again at once.
+    """
+
+    def __init__(self, backoff_initial: float, backoff_max: float) -> None:
+        retry_delay(1, backoff_initial, backoff_max)  # refuses a bad pair now
+        self._initial = backoff_initial
+        self._max = backoff_max
+        self._backoffs: dict[LedgerId, Backoff] = {}
+
+    def marks_seen(self, marked: Collection[LedgerId]) -> None:
+        """Forget the ledgers no longer marked (repaired by another worker, or deleted)."""
+        for ledger_id in set(self._backoffs) - set(marked):
+            del self._backoffs[ledger_id]
+
+    def is_due(
+        self, ledger_id: LedgerId, now: float, *, mark_version: int, lost_at: int | None
+    ) -> bool:
+        """Whether to take the ledger now; `lost_at`: the mark version at which it went on
+        the lost-entries list, if it is there."""
+        if lost_at == mark_version:
+            return False
+        backoff = self._backoffs.get(ledger_id)
+        return backoff is None or backoff.retry_at <= now
+
+    def failed(self, ledger_id: LedgerId, now: float) -> Backoff:
+        previous = self._backoffs.get(ledger_id)
+        failures = (previous.failures if previous else 0) + 1
+        backoff = Backoff(failures, now + retry_delay(failures, self._initial, self._max))
+        self._backoffs[ledger_id] = backoff
+        return backoff
+
+    def deferred(self, ledger_id: LedgerId, until: float) -> None:
+        """Not before `until`; the failures counted so far stay."""
+        previous = self._backoffs.get(ledger_id)
+        self._backoffs[ledger_id] = Backoff(previous.failures if previous else 0, until)
+
+    def done(self, ledger_id: LedgerId) -> None:
+        """Repaired, lost or taken by another worker: no backoff left."""
+        self._backoffs.pop(ledger_id, None)
+
+    def next_look(self, now: float, poll_interval: float) -> float:
+        """Seconds until the worker looks at the marks again: the poll interval, or sooner
+        when a backoff ends first."""
+        if not self._backoffs:
+            return poll_interval
+        soonest = min(backoff.retry_at for backoff in self._backoffs.values())
+        return max(0.0, min(poll_interval, soonest - now))
+
+    def backoffs(self) -> list[tuple[LedgerId, Backoff]]:
+        """The ledgers waiting, soonest first."""
+        return sorted(self._backoffs.items(), key=lambda item: item[1].retry_at)
+
+
+def grace_deadline(first_marked_ms: int, grace_period: float) -> float:
+    """When an open ledger's writer has had its grace period to change the ensemble away
+    from a lost bookie of its last segment (seconds, wall clock): the worker then fences
+    and closes it to repair it."""
+    return first_marked_ms / 1000 + grace_period
 
 
 class TokenBucket:
