@@ -195,7 +195,7 @@ async def test_a_lost_bookie_is_replaced_everywhere_and_its_marks_removed(
         replaced_before = metric("replication_worker_num_bookies_replaced_total")
 
         async with running_worker(cluster.uri) as worker:
-            await asyncio.sleep(0.6)  # three polls
+            await more_looks(worker, 3)
             assert worker.status()["replicated"] == 0
             assert worker.status()["replication_enabled"] is False
             assert all([await is_marked(cluster.uri, x) for x in hit])
@@ -227,6 +227,12 @@ async def test_a_lost_bookie_is_replaced_everywhere_and_its_marks_removed(
         assert victim not in new
 
 
+async def more_looks(worker: ReplicationWorker, count: int) -> None:
+    """Until the worker has looked at the marks `count` more times."""
+    target = worker.status()["looks"] + count
+    await until(lambda: worker.status()["looks"] >= target, f"{count} more looks")
+
+
 async def _not(found: Awaitable[bool]) -> bool:
     return not await found
 
@@ -238,7 +244,7 @@ async def test_a_worker_stops_at_once_when_its_session_is_lost() -> None:
         async with tally.Client(uri, config=CLIENT) as client:
             worker = ReplicationWorker(client.context, FAST, "short-lived", passwords=(PASSWORD,))
             task = asyncio.create_task(worker.run())
-            await asyncio.sleep(0.3)
+            await more_looks(worker, 2)
             assert not task.done()
             assert worker.status()["replication_enabled"] is True
             await client.context.ledgers.store.expire_session()
@@ -333,7 +339,8 @@ async def test_two_workers_repair_each_ledger_once(cluster: Cluster) -> None:
                 return one.status()["replicated"] + two.status()["replicated"] == len(hit)
 
             await until(both_counted, "each ledger counted once", timeout=5.0)
-            await asyncio.sleep(0.5)  # a ledger repaired twice would be counted by now
+            for worker in (one, two):  # a ledger repaired twice would be counted by then
+                await more_looks(worker, 2)
             assert one.status()["replicated"] + two.status()["replicated"] == len(hit)
             assert one.status()["failed"] + two.status()["failed"] == 0
     assert metric("replication_worker_num_bookies_replaced_total") - replaced_before == len(hit)
@@ -369,7 +376,7 @@ async def test_an_entry_with_no_copy_anywhere_is_listed_lost_not_retried(
             assert holders[1] in lost.reason
             await counted(worker, "lost", 1)
             assert metric("replication_worker_lost_entries") == 1
-            await asyncio.sleep(1.0)  # several polls: the ledger is not taken again
+            await more_looks(worker, 3)  # the ledger is not taken again
             assert worker.status()["lost"] == 1
             assert await is_marked(cluster.uri, writer.ledger_id)
             alerts = [r.getMessage() for r in caplog.records if "ALERT" in r.getMessage()]

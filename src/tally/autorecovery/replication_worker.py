@@ -152,6 +152,8 @@ class ReplicationWorker:
         )
         self._current: LedgerId | None = None
         self._counts = dict.fromkeys(Outcome, 0)
+        self._looks = 0
+        """Looks at the marks (or at the switch, while replication is disabled) so far."""
         self._entries_copied = 0
         self._bytes_copied = 0
         self._bucket = (
@@ -190,6 +192,7 @@ class ReplicationWorker:
         watcher = await self.context.under_replication.watch_replication_enabled(self._switch)
         try:
             while True:
+                self._looks += 1
                 if not (self._enabled and await self._pass()):
                     await self._idle()
         finally:
@@ -336,6 +339,7 @@ class ReplicationWorker:
         return {
             "worker_id": self.worker_id,
             "replication_enabled": self._enabled,
+            "looks": self._looks,
             "current_ledger": None if self._current is None else self._current.qualified_name,
             **{outcome.value: count for outcome, count in self._counts.items()},
             "entries_copied": self._entries_copied,
