@@ -86,7 +86,7 @@ predecessor's session to expire before registering, and the restart figure is th
 own work. The other bookies keep the default (10 s): a shorter one renews its lease, an
 fsync'ed sqlite write, more often, on the journal's disk."""
 NO_CHECKPOINTS = {
-    "TALLY_BOOKIE_FLUSH_INTERVAL_MS": str(24 * 3600 * 1000),
+    "TALLY_BOOKIE_FLUSH_INTERVAL": str(24 * 3600),
     "TALLY_BOOKIE_WRITE_CACHE_MAX_BYTES": str(64 * GIB),
 }
 LARGE_RUNS: dict[str, dict[str, str] | None] = {

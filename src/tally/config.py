@@ -1,10 +1,14 @@
 """Filling a component's config dataclass: defaults < TOML file < TALLY_* variables < flags.
 
-Each component (bookie, client, auto-recovery, ...) declares one frozen dataclass whose
-field defaults are its documented defaults. `load` fills it from a TOML file's section
-named after the component, then from environment variables `TALLY_<SECTION>_<FIELD>`,
-then from the flags the command line was given. Unknown keys and values of the wrong
-type are refused with the place they came from, so a typo never silently keeps a default.
+Each component (bookie, client, auto-recovery, local cluster, audit) declares one frozen
+dataclass whose field defaults are its documented defaults, durations in seconds. `load`
+fills it from a TOML file's section named after the component, then from environment
+variables `TALLY_<SECTION>_<FIELD>`, then from the flags the command line was given. One
+variable serves every component: `TALLY_METADATA`, the metadata store's URI, read where a
+config has a `metadata` setting that nothing else gave (the component's own variable
+wins). Unknown keys and values of the wrong type are refused with the place they came
+from, and so is a value the config's own checks refuse (`BadSetting`, raised by its
+`__post_init__`): a typo never silently keeps a default.
 """
 
 from __future__ import annotations
@@ -25,6 +29,31 @@ T = TypeVar("T")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
+METADATA_VARIABLE = "TALLY_METADATA"
+"""The metadata store URI for every command that has none given otherwise."""
+
+
+class BadSetting(BadRequest):
+    """A config's own check refused the value of `setting`; `load` adds where it came from."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
+def check(condition: bool, setting: str, problem: str) -> None:
+    """A config's check: BadSetting(`setting`, `problem`) unless `condition` holds."""
+    if not condition:
+        raise BadSetting(setting, problem)
+
+
+def metadata_uri(given: str | None, *, environment: Mapping[str, str] | None = None) -> str | None:
+    """The metadata URI a command uses: the one given, else $TALLY_METADATA, else None."""
+    if given:
+        return given
+    return (os.environ if environment is None else environment).get(METADATA_VARIABLE) or None
+
 
 def load(
     cls: type[T],
@@ -42,7 +71,9 @@ def load(
         raise TypeError(f"{cls!r} is not a dataclass")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    environment = os.environ if env is None else env
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
 
     if file is not None:
         table = _read_section(file, section)
@@ -51,10 +82,11 @@ def load(
             if name not in fields:
                 known = ", ".join(sorted(fields))
                 raise BadRequest(f"{file}: [{section}] has no setting {key!r}; known: {known}")
-            values[name] = _convert(raw, hints[name], f"{file} [{section}] {key}")
+            sources[name] = f"{file} [{section}] {key}"
+            values[name] = _convert(raw, hints[name], sources[name])
 
     prefix = f"TALLY_{section.upper()}_"
-    for var, raw in (os.environ if env is None else env).items():
+    for var, raw in environment.items():
         if not var.startswith(prefix):
             continue
         name = var[len(prefix) :].lower()
@@ -63,16 +95,32 @@ def load(
                 f"environment variable {var} names no {section} setting; "
                 f"known: {', '.join(prefix + n.upper() for n in sorted(fields))}"
             )
-        values[name] = _convert(raw, hints[name], f"environment variable {var}")
+        sources[name] = f"environment variable {var}"
+        values[name] = _convert(raw, hints[name], sources[name])
 
     for name, raw in (overrides or {}).items():
         if raw is None:
             continue
         if name not in fields:
             raise BadRequest(f"no {section} setting named {name!r}")
-        values[name] = _convert(raw, hints[name], f"option --{name.replace('_', '-')}")
+        sources[name] = f"option --{name.replace('_', '-')}"
+        values[name] = _convert(raw, hints[name], sources[name])
 
-    return cls(**values)
+    if "metadata" in fields and "metadata" not in values:
+        uri = metadata_uri(None, environment=environment)
+        if uri is not None:
+            sources["metadata"] = f"environment variable {METADATA_VARIABLE}"
+            values["metadata"] = uri
+
+    try:
+        return cls(**values)
+    except BadSetting as error:
+        name = error.setting
+        where = sources.get(name, "the default")
+        shown = values[name] if name in values else getattr(fields[name], "default", "?")
+        raise BadRequest(
+            f"{section} setting {name} = {shown!r} (from {where}): {error.problem}"
+        ) from None
 
 
 def _read_section(file: Path, section: str) -> Mapping[str, Any]:

@@ -143,14 +143,14 @@ def test_copies_left_by_replaced_bookies_are_over_replication_in_both_checks(
 ) -> None:
     with running_cluster(tmp_path / "cluster", 4) as cluster:
         ledger_id, metadata, back_inside, back_outside = asyncio.run(_scenario(cluster))
-        config = AutoRecoveryConfig(  # one rack (bookies started without one): placed as can be
-            metadata=cluster.uri,
-            auditor_audit_dir=str(tmp_path / "audits"),
-            min_num_racks_per_write_quorum=1,
+        config = AutoRecoveryConfig(
+            metadata=cluster.uri, auditor_audit_dir=str(tmp_path / "audits")
         )
+        # one rack (bookies started without one): placed as can be
+        one_rack = ClientConfig(min_num_racks_per_write_quorum=1)
 
         async def online() -> Any:
-            async with tally.Client(cluster.uri) as client:
+            async with tally.Client(cluster.uri, config=one_rack) as client:
                 return await replicas_check(client.context, config)
 
         report = asyncio.run(online())
@@ -160,7 +160,7 @@ def test_copies_left_by_replaced_bookies_are_over_replication_in_both_checks(
         )
 
         async def in_cluster() -> dict[str, Any]:
-            async with tally.Client(cluster.uri) as client:
+            async with tally.Client(cluster.uri, config=one_rack) as client:
                 return await SparkReplicasCheck(client.context, config)()
 
         pipeline = asyncio.run(in_cluster())

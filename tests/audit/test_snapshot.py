@@ -16,6 +16,7 @@ import pytest
 
 import tally
 from tally.audit import schema, snapshot
+from tally.audit.config import AuditConfig
 from tally.audit.snapshot import take_snapshot
 from tally.client.bookie_connection import BookieConnection
 from tally.core.availability import EntryAvailability
@@ -266,7 +267,9 @@ def test_a_registered_bookie_that_does_not_respond_leaves_no_rows(
 
     async def run() -> tuple[str, dict[str, Any]]:
         async with fake_bookie(cluster.uri, behaviour) as bookie_id:
-            return bookie_id, await take_snapshot(cluster.uri, out, bookie_timeout=1.0)
+            return bookie_id, await take_snapshot(
+                cluster.uri, out, config=AuditConfig(snapshot_bookie_timeout=1.0)
+            )
 
     bookie_id, summary = asyncio.run(run())
     bookies = {row["bookie_id"]: row for row in _rows(out, schema.BOOKIES)}

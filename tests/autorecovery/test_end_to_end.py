@@ -38,9 +38,10 @@ FAST_SETTINGS = {
     "under_replicated_poll_interval": "0.5",
     "replication_backoff_initial": "0.2",
     "auditor_replicas_check_retry_delay": "0.5",
-    "placement": "default",
 }
 """Fast reactions; the periodic checks keep their long defaults unless a test asks."""
+CLIENT_SETTINGS = {"placement": "default"}
+"""The worker's client: the test bookies have no racks."""
 
 
 def payload(ledger_id: LedgerId, entry_id: int, size: int) -> bytes:
@@ -129,6 +130,7 @@ def autorecovery(cluster: Cluster, name: str, **settings: str) -> Iterator[AutoR
         cluster.root / f"{name}.log",
         name,
         settings={**FAST_SETTINGS, **settings},
+        client_settings=CLIENT_SETTINGS,
     ).start()
     try:
         yield process

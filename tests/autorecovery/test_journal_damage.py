@@ -37,7 +37,7 @@ from tests.support.cluster import running_cluster
 from tests.support.processes import environment
 
 NO_CHECKPOINT = {
-    "TALLY_BOOKIE_FLUSH_INTERVAL_MS": str(3_600_000),
+    "TALLY_BOOKIE_FLUSH_INTERVAL": str(3600),
     "TALLY_BOOKIE_WRITE_CACHE_MAX_BYTES": str(1 << 30),
     "TALLY_BOOKIE_LIMBO_CHECK_INTERVAL": "0.5",
 }

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +14,15 @@ from tally.autorecovery.process import AutoRecoveryProcess
 from tally.cli.autorecovery import admin_http
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.stores import open_store
+from tests.support.polling import until
 from tests.support.processes import init_cluster
+
+STATUS = "/api/v1/autorecovery/process"
 
 
 def _get(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
         return json.load(answer)
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await condition():
-        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout}s: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_lost_session_starts_a_new_generation_on_the_same_port(tmp_path: Path) -> None:
@@ -39,16 +34,19 @@ async def test_a_lost_session_starts_a_new_generation_on_the_same_port(tmp_path:
     async with open_store(uri) as observer:
 
         async def elected() -> bool:
-            return await who_is_auditor(observer) == "ar-process-test"
+            """Its vote leads in the store, and its auditor knows it has been elected."""
+            if await who_is_auditor(observer) != "ar-process-test" or process.http_port is None:
+                return False
+            status = await asyncio.to_thread(_get, process.http_port, STATUS)
+            return bool(status["auditor"]["elected"])
 
         try:
-            await _until(lambda: asyncio.sleep(0, bool(ready)), "the first generation")
-            await _until(elected, "elected")
+            await until(lambda: ready, "the first generation", timeout=20)
+            await until(elected, "elected", timeout=20)
             port = process.http_port
             assert port is not None
-            status = await asyncio.to_thread(_get, port, "/api/v1/autorecovery/process")
+            status = await asyncio.to_thread(_get, port, STATUS)
             assert status["generation"] == 1
-            assert status["auditor"]["elected"] is True
 
             assert process.store is not None
             await process.store.expire_session()
@@ -56,9 +54,9 @@ async def test_a_lost_session_starts_a_new_generation_on_the_same_port(tmp_path:
             async def second_generation() -> bool:
                 return process.generation == 2 and await elected()
 
-            await _until(second_generation, "a second generation, elected again")
-            await _until(lambda: asyncio.sleep(0, process.http_port == port), "same port")
-            status = await asyncio.to_thread(_get, port, "/api/v1/autorecovery/process")
+            await until(second_generation, "a second generation, elected again", timeout=20)
+            await until(lambda: process.http_port == port, "same port", timeout=20)
+            status = await asyncio.to_thread(_get, port, STATUS)
             assert status["generation"] == 2
             assert ready == [1], "on_ready is for the first generation only"
         finally:

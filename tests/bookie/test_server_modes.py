@@ -46,7 +46,25 @@ from tests.bookie.conftest import (
 )
 from tests.support.polling import until
 
-CHECK_INTERVAL_MS = 50
+CHECK_INTERVAL = 0.05
+"""Seconds between a test bookie's disk checks."""
+
+
+class DiskReadings:
+    """Stands in for the bookie's reading of its disks' usage, and counts the readings."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self.taken = 0
+
+    def __call__(self, directory: Path) -> float:
+        self.taken += 1
+        return self.fraction
+
+    async def more(self, count: int) -> None:
+        """Until the bookie has checked its disks `count` more times."""
+        target = self.taken + count
+        await until(lambda: self.taken >= target, f"{count} more disk checks")
 
 
 def scrape_text(port: int) -> str:
@@ -136,7 +154,7 @@ async def test_a_disk_over_the_threshold_makes_a_read_only_bookie(
         settings={
             "disk_usage_threshold": used / 2,
             "disk_usage_lwm_threshold": used / 4,
-            "disk_check_interval_ms": CHECK_INTERVAL_MS,
+            "disk_check_interval": CHECK_INTERVAL,
         },
     )
     ledger = new_ledger()
@@ -161,15 +179,15 @@ async def test_a_disk_over_the_threshold_makes_a_read_only_bookie(
 async def test_the_bookie_is_writable_again_below_the_low_water_mark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    used = {"fraction": 0.5}
-    monkeypatch.setattr(tally.bookie.server, "_used_fraction", lambda _: used["fraction"])
+    used = DiskReadings(0.5)
+    monkeypatch.setattr(tally.bookie.server, "_used_fraction", used)
     ledger = new_ledger()
     async with (
         in_process_bookie(
             tmp_path / "bookie",
             disk_usage_threshold=0.95,
             disk_usage_lwm_threshold=0.90,
-            disk_check_interval_ms=CHECK_INTERVAL_MS,
+            disk_check_interval=CHECK_INTERVAL,
         ) as node,
         connected(node.address) as connection,
     ):
@@ -180,18 +198,18 @@ async def test_the_bookie_is_writable_again_below_the_low_water_mark(
         assert await node.registered_as() == "writable"
         await connection.add(entry(ledger, 0), KEY)
 
-        used["fraction"] = 0.96
+        used.fraction = 0.96
         await until(lambda: registered("readonly"), "read-only")
         with pytest.raises(WriteOnReadOnlyBookie):
             await connection.add(entry(ledger, 1), KEY)
 
-        used["fraction"] = 0.92  # below the threshold, above the low-water mark: no flapping
-        await asyncio.sleep(8 * CHECK_INTERVAL_MS / 1000)
+        used.fraction = 0.92  # below the threshold, above the low-water mark: no flapping
+        await used.more(8)
         assert await node.registered_as() == "readonly"
         with pytest.raises(WriteOnReadOnlyBookie):
             await connection.add(entry(ledger, 1), KEY)
 
-        used["fraction"] = 0.89
+        used.fraction = 0.89
         await until(lambda: registered("writable"), "writable again")
         await connection.add(entry(ledger, 1), KEY)
         assert await connection.read(ledger, 1) == entry(ledger, 1)
@@ -200,8 +218,8 @@ async def test_the_bookie_is_writable_again_below_the_low_water_mark(
 async def test_a_failed_re_registration_is_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    used = {"fraction": 0.5}
-    monkeypatch.setattr(tally.bookie.server, "_used_fraction", lambda _: used["fraction"])
+    used = DiskReadings(0.5)
+    monkeypatch.setattr(tally.bookie.server, "_used_fraction", used)
     failures = {"left": 0}
     register = BookieRegistry.register
 
@@ -212,11 +230,9 @@ async def test_a_failed_re_registration_is_retried(
         await register(self, *args, **kwargs)
 
     monkeypatch.setattr(BookieRegistry, "register", flaky_register)
-    async with in_process_bookie(
-        tmp_path / "bookie", disk_check_interval_ms=CHECK_INTERVAL_MS
-    ) as node:
+    async with in_process_bookie(tmp_path / "bookie", disk_check_interval=CHECK_INTERVAL) as node:
         failures["left"] = 2
-        used["fraction"] = 0.99
+        used.fraction = 0.99
 
         async def read_only() -> bool:
             return await node.registered_as() == "readonly"
@@ -240,9 +256,11 @@ async def test_a_journal_io_error_fails_the_add_and_makes_the_bookie_read_only(
         real_fdatasync(fd)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
+    used = DiskReadings(0.5)
+    monkeypatch.setattr(tally.bookie.server, "_used_fraction", used)
     ledger = new_ledger()
     async with (
-        in_process_bookie(tmp_path / "bookie") as node,
+        in_process_bookie(tmp_path / "bookie", disk_check_interval=CHECK_INTERVAL) as node,
         connected(node.address) as connection,
     ):
         await connection.add(entry(ledger, 0), KEY)
@@ -263,7 +281,7 @@ async def test_a_journal_io_error_fails_the_add_and_makes_the_bookie_read_only(
             with pytest.raises(WriteOnReadOnlyBookie, match="I/O error"):
                 await attempt
         assert await connection.read(ledger, 0) == entry(ledger, 0)
-        await asyncio.sleep(4 * CHECK_INTERVAL_MS / 1000)
+        await used.more(4)
         assert await read_only(), "an I/O error is not forgotten by the disk check"
 
 

@@ -16,8 +16,8 @@ from tally.autorecovery.process import AutoRecoveryProcess
 from tally.cli import cluster_demo
 from tally.client.client import Client
 from tally.core.errors import NotEnoughBookies
+from tally.local.config import DEFAULT_BOOKIES, DEFAULT_RACKS
 from tally.local.state import plan_bookies
-from tally.local.supervisor import DEFAULT_BOOKIES, DEFAULT_RACKS
 from tally.metadata.ledger_manager import LedgerRecord
 from tests.support.registry import Registry, registered_bookies
 

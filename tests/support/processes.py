@@ -132,17 +132,22 @@ def wait_for_output(
 @dataclass
 class AutoRecoveryProcess:
     """One `tally autorecovery` process; `start` waits until its first generation runs.
-    Settings come as TALLY_AUTORECOVERY_* variables in `settings` (without the prefix)."""
+    Settings come as TALLY_AUTORECOVERY_* variables in `settings` (without the prefix), and
+    its client's as TALLY_CLIENT_* ones in `client_settings`."""
 
     metadata: str
     log_path: Path
     process_id: str
     settings: Mapping[str, str] = field(default_factory=dict)
+    client_settings: Mapping[str, str] = field(default_factory=dict)
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> AutoRecoveryProcess:
-        variables = {f"TALLY_AUTORECOVERY_{k.upper()}": v for k, v in self.settings.items()}
+        variables = {
+            **{f"TALLY_AUTORECOVERY_{k.upper()}": v for k, v in self.settings.items()},
+            **{f"TALLY_CLIENT_{k.upper()}": v for k, v in self.client_settings.items()},
+        }
         log = self.log_path.open("a")
         self.process = subprocess.Popen(
             [

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tally.config import load
+from tally.bookie.config import BookieConfig
+from tally.config import check, load, metadata_uri
 from tally.core.errors import BadRequest
 
 
@@ -90,3 +92,68 @@ def test_toml_types_are_checked(tmp_path: Path) -> None:
     config.write_text("[bookie]\nread_only_on_error = 'sure'\n")
     with pytest.raises(BadRequest, match=r"\[bookie\] read_only_on_error: expected true or false"):
         load(Sample, "bookie", file=config, env={})
+
+
+@dataclass(frozen=True)
+class Checked:
+    metadata: str = ""
+    session_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        check(self.session_timeout > 0, "session_timeout", "must be more than 0 seconds")
+
+
+def test_tally_metadata_serves_every_component_unless_its_own_setting_is_given() -> None:
+    env = {"TALLY_METADATA": "zk://z:2181/t"}
+    assert load(Checked, "bookie", env=env).metadata == "zk://z:2181/t"
+    both = {**env, "TALLY_BOOKIE_METADATA": "sqlite:///own.db"}
+    assert load(Checked, "bookie", env=both).metadata == "sqlite:///own.db"
+    assert load(Checked, "bookie", env=env, overrides={"metadata": "memory://"}).metadata == (
+        "memory://"
+    )
+    assert load(Checked, "bookie", env={}).metadata == ""
+    assert metadata_uri(None, environment=env) == "zk://z:2181/t"
+    assert metadata_uri("memory://", environment=env) == "memory://"
+    assert metadata_uri(None, environment={}) is None
+
+
+@pytest.mark.parametrize(
+    ("sources", "where"),
+    [
+        ({"env": {"TALLY_AUTORECOVERY_SESSION_TIMEOUT": "-1"}}, "environment variable "),
+        ({"overrides": {"session_timeout": 0}}, "option --session-timeout"),
+    ],
+)
+def test_a_value_the_config_refuses_names_the_setting_and_its_source(
+    sources: dict[str, Any], where: str
+) -> None:
+    env = sources.get("env", {})
+    with pytest.raises(BadRequest, match=f"autorecovery setting session_timeout = .*from {where}"):
+        load(Checked, "autorecovery", env=env, overrides=sources.get("overrides"))
+
+
+def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "tally.toml"
+    config.write_text("[autorecovery]\nsession_timeout = -2.5\n")
+    with pytest.raises(
+        BadRequest,
+        match=r"session_timeout = -2.5 \(from .*tally.toml \[autorecovery\] session_timeout\): "
+        "must be more than 0 seconds",
+    ):
+        load(Checked, "autorecovery", file=config, env={})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("TALLY_BOOKIE_FLUSH_INTERVAL", "0", "flush_interval .*must be more than 0 seconds"),
+        ("TALLY_BOOKIE_LISTEN", "nowhere", "listen = .nowhere. .*not host:port"),
+        ("TALLY_BOOKIE_DISK_USAGE_LWM_THRESHOLD", "0.99", "disk_usage_lwm_threshold"),
+        ("TALLY_BOOKIE_TLS_CERT", "cert.pem", "needs both tls_cert and tls_key"),
+    ],
+)
+def test_the_bookie_config_refuses_what_cannot_work(
+    variable: str, value: str, problem: str
+) -> None:
+    with pytest.raises(BadRequest, match=problem):
+        load(BookieConfig, "bookie", env={variable: value})

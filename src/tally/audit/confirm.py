@@ -36,8 +36,10 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from tally.audit import schema
+from tally.audit.config import DEFAULT_GRACE_PERIOD
 from tally.audit.snapshot import DatasetWriter, write_json
 from tally.client.bookie_pool import BookiePool
+from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
 from tally.core.errors import (
     BookieUnavailable,
@@ -49,7 +51,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, Violation, audit_ledger
 from tally.core.ledger_metadata import LedgerState
-from tally.core.placement import racks_in_cluster
+from tally.core.placement import DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM, racks_in_cluster
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.ledger_manager import LedgerManager
@@ -62,12 +64,10 @@ Progress = Callable[[str, int, int | None], None]
 
 CONFIRMED = "confirmed"
 CONFIRMED_JSON = "confirmed.json"
-DEFAULT_GRACE_PERIOD_MS = 3_600_000
+DEFAULT_GRACE_PERIOD_MS = int(DEFAULT_GRACE_PERIOD * 1000)
 """When neither the caller nor the report's summary.json gives one."""
 LEDGER_CONCURRENCY = 16
 """Ledgers re-checked at once; each asks all its bookies in parallel."""
-REQUEST_TIMEOUT = 10.0
-SESSION_TIMEOUT = 30.0
 PROBE_LEDGER = LedgerId(0, 0)
 """Asked about to see whether a bookie answers at all: any answer, NoSuchLedger included,
 counts as one."""
@@ -103,16 +103,18 @@ async def confirm(
     *,
     progress: Progress | None = None,
     grace_period_ms: int | None = None,
-    min_racks: int = 2,
+    min_racks: int = DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM,
+    client: ClientConfig | None = None,
 ) -> dict[str, Any]:
     """Re-check `report`/violations/ against the cluster; write `report`/confirmed/ and
     confirmed.json, and return the latter's content.
 
     `grace_period_ms` defaults to the one summary.json records, else one hour.
     """
+    client = client or ClientConfig()
     show = progress or (lambda stage, done, total: None)
     by_ledger, silent_bookies = _read_findings(report)
-    store = open_store(metadata_uri, session_timeout=SESSION_TIMEOUT)
+    store = open_store(metadata_uri, session_timeout=client.session_timeout)
     await store.start()
     try:
         await require_cluster(store, uri=metadata_uri)
@@ -124,7 +126,7 @@ async def confirm(
             ledgers=LedgerManager(store),
             marks=UnderReplicationManager(store),
             registry=registry,
-            pool=BookiePool(registry, request_timeout=REQUEST_TIMEOUT),
+            pool=BookiePool(registry, request_timeout=client.read_timeout),
             racks=racks,
             cluster_racks=racks_in_cluster(racks, available.writable | available.read_only),
             min_racks=min_racks,

@@ -57,7 +57,7 @@ class SparkReplicasCheck:
         run = self.root / f"audit-{int(started * 1000)}"
         snapshot, report = run / "snapshot", run / "report"
         grace_ms = int(self.config.underreplicated_ledger_recovery_grace_period * 1000)
-        min_racks = self.config.min_num_racks_per_write_quorum
+        min_racks = self.context.config.min_num_racks_per_write_quorum
         await take_snapshot(self.config.metadata, snapshot)
         if self._spark is None:
             self._spark = await asyncio.to_thread(spark_session, self.config.auditor_spark_master)
@@ -70,7 +70,11 @@ class SparkReplicasCheck:
             min_racks=min_racks,
         )
         confirmed = await confirm(
-            report, self.config.metadata, grace_period_ms=grace_ms, min_racks=min_racks
+            report,
+            self.config.metadata,
+            grace_period_ms=grace_ms,
+            min_racks=min_racks,
+            client=self.context.config,
         )
         marked = await self._mark(report / "confirmed")
         self._prune()

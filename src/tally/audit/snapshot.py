@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tally.audit import schema
+from tally.audit.config import AuditConfig
 from tally.client.bookie_pool import BookiePool
 from tally.core.errors import BadRequest, TallyError
 from tally.core.ids import LedgerId
@@ -53,7 +54,6 @@ ROW_BATCH = 8192
 DUMP_CONCURRENCY = 4
 """Bookies dumped at once: enough to overlap their disks, few enough to spare the network."""
 LEDGER_PAGE = 1000
-SESSION_TIMEOUT = 30.0
 
 _DICTIONARY_COLUMNS = {
     schema.LEDGERS: ["state", "digest_type"],
@@ -152,17 +152,18 @@ async def take_snapshot(
     out: Path,
     *,
     progress: Progress | None = None,
-    bookie_timeout: float = 30.0,
+    config: AuditConfig | None = None,
 ) -> dict[str, Any]:
     """Export the cluster at `metadata_uri` into `out`; returns snapshot.json's content.
 
-    `bookie_timeout` bounds the wait for each frame of a bookie's dump (and for its
-    connection): a bookie silent for longer counts as not responding.
+    The config's `snapshot_bookie_timeout` bounds the wait for each frame of a bookie's
+    dump (and for its connection): a bookie silent for longer counts as not responding.
     """
+    config = config or AuditConfig()
     report = progress or _no_progress
     prepare_output(out, schema.SNAPSHOT_PARTS)
     created_ms = int(time.time() * 1000)
-    store = open_store(metadata_uri, session_timeout=SESSION_TIMEOUT)
+    store = open_store(metadata_uri, session_timeout=config.snapshot_session_timeout)
     await store.start()
     try:
         cluster = await require_cluster(store, uri=metadata_uri)
@@ -177,7 +178,7 @@ async def take_snapshot(
         available = await registry.available_bookies()
         placements = await registry.placements()
         registered = sorted(available.writable | available.read_only)
-        pool = BookiePool(registry, request_timeout=bookie_timeout)
+        pool = BookiePool(registry, request_timeout=config.snapshot_bookie_timeout)
         try:
             failures, availability_rows = await _export_availability(pool, registered, out, report)
         finally:

@@ -1,11 +1,18 @@
 """The auto-recovery process's settings, with BookKeeper's names, meanings and defaults where
-it has the setting, and a documented departure where its default is unsafe or off."""
+it has the setting, and a documented departure where its default is unsafe or off.
+
+Loaded by `tally.config.load` (section `[autorecovery]`, variables
+`TALLY_AUTORECOVERY_<SETTING>`); durations are in seconds. The process's replication
+worker and placement check use the client's settings (`[client]`, tally.client.config),
+placement included, so that the worker places new bookies by the rule clients write by.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tally.core.errors import BadRequest
+from tally.config import check
+from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
 REPLICAS_CHECK_MODES = ("online", "spark")
 
@@ -17,19 +24,8 @@ class AutoRecoveryConfig:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     """Serve the admin HTTP app (/metrics, /heartbeat, /api/v1/...) here (0: any free port)."""
-    session_timeout: float = 10.0
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
     """Metadata store session timeout, seconds: how fast another auditor takes over."""
-    placement: str = "rack-aware"
-    """Placement policy of replacement bookies and of the placement check: `default`
-    (random distinct bookies) or `rack-aware`."""
-    min_num_racks_per_write_quorum: int = 2
-    """Racks every write set must span, capped by WQ and by the racks the cluster has: what
-    the placement check judges and what the replication worker's new bookies must keep."""
-    enforce_min_num_racks_per_write_quorum: bool = True
-    """The replication worker refuses new bookies that break the rule above, and the
-    ledger stays marked until they can be had (BP-31: "enforce placement policy strictly
-    during replication"; BookKeeper: false); false copies to the best bookies there are."""
-
     # -- the auditor ---------------------------------------------------------------------
     lost_bookie_recovery_delay: int = 0
     """Seconds to wait before marking a lost bookie's ledgers, unless an operator set the
@@ -86,21 +82,50 @@ class AutoRecoveryConfig:
     """Seconds between looks for marked ledgers besides the watch (a missed event heals)."""
 
     def __post_init__(self) -> None:
-        if self.auditor_replicas_check_mode not in REPLICAS_CHECK_MODES:
-            raise BadRequest(
-                f"auditor_replicas_check_mode must be one of {REPLICAS_CHECK_MODES}, "
-                f"not {self.auditor_replicas_check_mode!r}"
-            )
-        if not 0 <= self.auditor_ledger_verification_percentage <= 100:
-            raise BadRequest("auditor_ledger_verification_percentage must be in 0..100")
-        if self.lost_bookie_recovery_delay < 0:
-            raise BadRequest("lost_bookie_recovery_delay must be >= 0 seconds")
+        check(
+            self.auditor_replicas_check_mode in REPLICAS_CHECK_MODES,
+            "auditor_replicas_check_mode",
+            f"must be one of {', '.join(REPLICAS_CHECK_MODES)}",
+        )
+        check(
+            0 <= self.auditor_ledger_verification_percentage <= 100,
+            "auditor_ledger_verification_percentage",
+            "must be in 0..100",
+        )
+        check(
+            self.lost_bookie_recovery_delay >= 0,
+            "lost_bookie_recovery_delay",
+            "must not be negative",
+        )
         for name in (
             "auditor_max_concurrent_metadata_reads",
             "auditor_max_concurrent_bookie_requests",
             "rereplication_entry_batch_size",
         ):
-            if getattr(self, name) < 1:
-                raise BadRequest(f"{name} must be >= 1")
-        if self.replication_rate_by_bytes == 0 or self.replication_rate_by_bytes < -1:
-            raise BadRequest("replication_rate_by_bytes must be -1 (unlimited) or > 0")
+            check(getattr(self, name) >= 1, name, "must be at least 1")
+        check(
+            self.replication_rate_by_bytes == -1 or self.replication_rate_by_bytes > 0,
+            "replication_rate_by_bytes",
+            "must be -1 (unlimited) or more than 0",
+        )
+        for name in (
+            "session_timeout",
+            "replication_backoff_initial",
+            "under_replicated_poll_interval",
+            "auditor_replicas_check_retry_delay",
+        ):
+            check(getattr(self, name) > 0, name, "must be more than 0 seconds")
+        check(
+            self.replication_backoff_max >= self.replication_backoff_initial,
+            "replication_backoff_max",
+            "must be at least replication_backoff_initial",
+        )
+        for name in (
+            "auditor_periodic_bookie_check_interval",
+            "auditor_periodic_check_interval",
+            "auditor_periodic_placement_policy_check_interval",
+            "auditor_replicas_check_interval",
+            "underreplicated_ledger_recovery_grace_period",
+            "open_ledger_rereplication_grace_period",
+        ):
+            check(getattr(self, name) >= 0, name, "must not be negative")

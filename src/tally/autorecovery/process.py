@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -45,10 +46,12 @@ class AutoRecoveryProcess:
         config: AutoRecoveryConfig,
         process_id: str,
         *,
+        client_config: ClientConfig | None = None,
         admin_http: AdminHttp | None = None,
         replicas_check: Callable[[Client], ReplicasCheck] | None = None,
     ) -> None:
         self.config = config
+        self._client_config = client_config or ClientConfig()
         self.process_id = process_id
         self.http_port: int | None = None
         self.generation = 0
@@ -62,14 +65,8 @@ class AutoRecoveryProcess:
         self._started_ms = int(time.time() * 1000)
 
     def client_config(self) -> ClientConfig:
-        return ClientConfig(
-            session_timeout=self.config.session_timeout,
-            placement=self.config.placement,
-            min_num_racks_per_write_quorum=self.config.min_num_racks_per_write_quorum,
-            enforce_min_num_racks_per_write_quorum=(
-                self.config.enforce_min_num_racks_per_write_quorum
-            ),
-        )
+        """The client settings of the worker and the checks, on this process's session."""
+        return dataclasses.replace(self._client_config, session_timeout=self.config.session_timeout)
 
     async def run(self, on_ready: Callable[[AutoRecoveryProcess], None] | None = None) -> None:
         """Serve until `stop()`; `on_ready` is called once the first generation runs."""

@@ -1,11 +1,26 @@
-"""A bookie's settings, with BookKeeper's meaning and defaults where it has the setting."""
+"""A bookie's settings, with BookKeeper's meaning and defaults where it has the setting.
+
+Loaded by `tally.config.load` (section `[bookie]`, variables `TALLY_BOOKIE_<SETTING>`);
+durations are in seconds.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from tally.bookie.journal import (
+    DEFAULT_FILE_SIZE,
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_PREALLOCATE_SIZE,
+)
+from tally.bookie.journal_format import HEADER_SIZE
+from tally.config import BadSetting, check
 from tally.core import protocol
+from tally.core.addresses import split_host_port
+from tally.core.disk_usage import DEFAULT_LOW_WATER_MARK, DEFAULT_USAGE_THRESHOLD
+from tally.core.errors import BadRequest
+from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -25,14 +40,15 @@ class BookieConfig:
     metrics_port: int | None = None
     """Serve the admin HTTP app (/metrics, /heartbeat, /api/v1/...) on this port (0: any
     free port); None: no HTTP."""
-    session_timeout: float = 10.0
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
     """Metadata store session timeout, seconds (BookKeeper's zkTimeout)."""
-    journal_file_size: int = 2 * 1024**3
+    journal_file_size: int = DEFAULT_FILE_SIZE
     """Roll the journal at this size (journalMaxSizeMB)."""
-    journal_preallocate_size: int = 16 * 1024**2
-    journal_max_batch_bytes: int = 1024**2
-    journal_max_batch_delay_ms: float = 0.0
-    """Extra wait to grow a group commit; 0 as batching adapts to load by itself."""
+    journal_preallocate_size: int = DEFAULT_PREALLOCATE_SIZE
+    journal_max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    journal_max_batch_delay: float = 0.0
+    """Seconds a group commit may wait for company (journalMaxGroupWaitMSec); 0, as
+    batching adapts to the load by itself."""
     direct_io: bool = True
     """Write journal and entry logs with O_DIRECT, past the page cache (as BookKeeper's
     DirectEntryLogger); where the file system refuses it, they are written through it."""
@@ -44,13 +60,16 @@ class BookieConfig:
     copied, and the journal's disk holds only recent writes."""
     entry_log_size_limit: int = 1024**3
     """Roll entry logs at this size (logSizeLimit)."""
-    flush_interval_ms: int = 60_000
-    """Checkpoint at least this often (flushInterval)."""
+    flush_interval: float = 60.0
+    """Seconds between checkpoints at most (flushInterval)."""
     write_cache_max_bytes: int = 64 * 1024**2
     """Checkpoint early when the write cache holds this much."""
-    disk_usage_threshold: float = 0.95
-    disk_usage_lwm_threshold: float = 0.90
-    disk_check_interval_ms: int = 10_000
+    disk_usage_threshold: float = DEFAULT_USAGE_THRESHOLD
+    """Fraction of a data disk used at which the bookie turns read-only."""
+    disk_usage_lwm_threshold: float = DEFAULT_LOW_WATER_MARK
+    """... and below which it turns writable again."""
+    disk_check_interval: float = 10.0
+    """Seconds between two looks at the disks' usage."""
     limbo_check_interval: float = 30.0
     """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
     they are closed and whole again, or still need marking for repair."""
@@ -60,6 +79,40 @@ class BookieConfig:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     """When set, clients must present a certificate signed by this CA."""
+
+    def __post_init__(self) -> None:
+        try:
+            split_host_port(self.listen, port_zero=True)
+        except BadRequest as error:
+            raise BadSetting("listen", str(error)) from None
+        for name in ("session_timeout", "flush_interval", "disk_check_interval"):
+            check(getattr(self, name) > 0, name, "must be more than 0 seconds")
+        check(self.journal_max_batch_delay >= 0, "journal_max_batch_delay", "must not be negative")
+        check(
+            self.journal_file_size > HEADER_SIZE,
+            "journal_file_size",
+            f"must exceed the {HEADER_SIZE}-byte file header",
+        )
+        for name in (
+            "journal_preallocate_size",
+            "journal_max_batch_bytes",
+            "entry_log_size_limit",
+            "write_cache_max_bytes",
+            "max_frame_size",
+        ):
+            check(getattr(self, name) > 0, name, "must be more than 0 bytes")
+        check(
+            0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1,
+            "disk_usage_lwm_threshold",
+            f"needs 0 < it <= disk_usage_threshold ({self.disk_usage_threshold}) <= 1",
+        )
+        if self.metrics_port is not None:
+            check(0 <= self.metrics_port < 65536, "metrics_port", "must be in 0..65535")
+        check(
+            (self.tls_cert is None) == (self.tls_key is None),
+            "tls_cert" if self.tls_cert is None else "tls_key",
+            "TLS needs both tls_cert and tls_key",
+        )
 
     @property
     def journal_directory(self) -> Path:

@@ -169,7 +169,7 @@ class Bookie:
             journal_dir,
             file_size=config.journal_file_size,
             preallocate_size=config.journal_preallocate_size,
-            max_batch_delay=config.journal_max_batch_delay_ms / 1000,
+            max_batch_delay=config.journal_max_batch_delay,
             max_batch_bytes=config.journal_max_batch_bytes,
             direct_io=config.direct_io,
         )
@@ -302,7 +302,7 @@ class Bookie:
     # -- background work ---------------------------------------------------------------
 
     async def _checkpoint_loop(self) -> None:
-        interval = self.config.flush_interval_ms / 1000
+        interval = self.config.flush_interval
         last = time.monotonic()
         while True:
             await asyncio.sleep(min(0.1, interval))
@@ -328,7 +328,7 @@ class Bookie:
         """Check the disks, and register the mode whenever it differs from the registered
         one: after a change here or after an I/O error, and again after a failed attempt."""
         while True:
-            await asyncio.sleep(self.config.disk_check_interval_ms / 1000)
+            await asyncio.sleep(self.config.disk_check_interval)
             self._refresh_disk_usage()
             try:
                 await self._register()
@@ -756,10 +756,8 @@ def _placement(rack: str) -> BookiePlacement:
 
 
 def _server_ssl(config: BookieConfig) -> ssl.SSLContext | None:
-    if config.tls_cert is None and config.tls_key is None:
-        return None
     if config.tls_cert is None or config.tls_key is None:
-        raise BadRequest("TLS needs both tls_cert and tls_key")
+        return None  # the config refuses one without the other
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(config.tls_cert, config.tls_key)
     if config.tls_client_ca is not None:

@@ -17,6 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tally.audit import schema
+from tally.audit.config import AuditConfig
+from tally.cli.options import ConfigFile, Metadata, required_metadata
+from tally.config import load
 from tally.core.errors import TallyError
 
 app = typer.Typer(
@@ -28,38 +31,42 @@ app = typer.Typer(
 _out = Console(soft_wrap=True, highlight=False)
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
 
-_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400}
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 
-MetadataOption = Annotated[
-    str,
-    typer.Option("--metadata", help="Metadata store URI: sqlite:///path, zk://host:port/root."),
-]
 
-
-def parse_duration_ms(text: str) -> int:
-    """A duration such as "1h", "30m", "90s", "250ms", "2d" or "1h30m", in milliseconds."""
+def parse_duration(text: str) -> float:
+    """A duration such as "1h", "30m", "90s", "250ms", "2d" or "1h30m", in seconds."""
     compact = text.strip().replace(" ", "")
     if compact == "0":
-        return 0
+        return 0.0
     parts = _DURATION.findall(compact)
     if not compact or "".join(number + unit for number, unit in parts) != compact:
         raise typer.BadParameter(
             f"{text!r} is not a duration: use a number and a unit (ms, s, m, h, d), e.g. 1h or 90s"
         )
-    return sum(int(number) * _UNITS_MS[unit] for number, unit in parts)
+    return float(sum(int(number) * _UNITS[unit] for number, unit in parts))
+
+
+def _settings(config: Path | None, **overrides: Any) -> AuditConfig:
+    with _failures():
+        return load(AuditConfig, "audit", file=config, overrides=overrides)
 
 
 @app.command("snapshot")
 def snapshot(
-    metadata: MetadataOption,
     out: Annotated[Path, typer.Option("--out", help="Directory to write the snapshot into.")],
+    metadata: Metadata = None,
+    config: ConfigFile = None,
 ) -> None:
     """Export the cluster's metadata and every bookie's availability as Parquet."""
     from tally.audit.snapshot import take_snapshot
 
+    settings = _settings(config, metadata=required_metadata(metadata))
     with _progress() as progress, _failures():
-        summary = asyncio.run(take_snapshot(metadata, out, progress=progress))
+        summary = asyncio.run(
+            take_snapshot(settings.metadata, out, progress=progress, config=settings)
+        )
     _print_counts("snapshot", summary.get("counts", {}))
     _out.print(f"snapshot written to {out}", markup=False)
 
@@ -68,17 +75,21 @@ def snapshot(
 def run(
     snapshot: Annotated[Path, typer.Option("--snapshot", help="A snapshot directory.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for violations and the report.")],
-    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
+    master: Annotated[
+        str | None, typer.Option(help="Spark master URL (default: local[*]).")
+    ] = None,
     grace_period: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="How long a ledger may stay marked under-replicated before it is reported: "
-            "1h, 30m; 0 never reports it (as the auditor's grace period of 0)."
+            "1h, 30m; 0 never reports it (as the auditor's grace period of 0). Default: 1h."
         ),
-    ] = "1h",
+    ] = None,
     min_racks: Annotated[
-        int, typer.Option(min=1, help="Racks every write set must span (capped at WQ).")
-    ] = 2,
+        int | None,
+        typer.Option(min=1, help="Racks every write set must span (capped at WQ; default 2)."),
+    ] = None,
+    config: ConfigFile = None,
 ) -> None:
     """Check every closed ledger of a snapshot on Spark; write violations and a report.
 
@@ -88,16 +99,25 @@ def run(
 
     from tally.audit.checks import run_audit, spark_session
 
-    grace_period_ms = parse_duration_ms(grace_period)
+    settings = _settings(
+        config,
+        spark_master=master,
+        grace_period=None if grace_period is None else parse_duration(grace_period),
+        min_num_racks_per_write_quorum=min_racks,
+    )
     with _failures():
         schema.require_snapshot(snapshot)
         started_here = SparkSession.getActiveSession() is None
-        with _err.status(f"starting Spark ({master})"):
-            spark = spark_session(master)
+        with _err.status(f"starting Spark ({settings.spark_master})"):
+            spark = spark_session(settings.spark_master, memory=settings.spark_memory)
         try:
             with _err.status(f"auditing {snapshot}"):
                 summary = run_audit(
-                    spark, snapshot, out, grace_period_ms=grace_period_ms, min_racks=min_racks
+                    spark,
+                    snapshot,
+                    out,
+                    grace_period_ms=int(settings.grace_period * 1000),
+                    min_racks=settings.min_num_racks_per_write_quorum,
                 )
         finally:
             if started_here:
@@ -109,20 +129,29 @@ def run(
 @app.command("confirm")
 def confirm(
     report: Annotated[Path, typer.Option("--report", help="The output directory of a run.")],
-    metadata: MetadataOption,
+    metadata: Metadata = None,
+    config: ConfigFile = None,
 ) -> None:
-    """Re-check each reported ledger against the live cluster and drop what has changed."""
-    from tally.audit.confirm import confirm as confirm_report
+    """Re-check each reported ledger against the live cluster and drop what has changed.
 
+    The run's own grace period and racks (in its summary.json) are the rules; the live
+    cluster is read with the client's settings (the config file's [client] section)."""
+    from tally.audit.confirm import confirm as confirm_report
+    from tally.client.config import ClientConfig
+
+    settings = _settings(config, metadata=required_metadata(metadata))
     params = _run_params(report)
+    with _failures():
+        client = load(ClientConfig, "client", file=config)
     with _progress() as progress, _failures():
         summary = asyncio.run(
             confirm_report(
                 report,
-                metadata,
+                settings.metadata,
                 progress=progress,
                 grace_period_ms=params.get("grace_period_ms"),
-                min_racks=params.get("min_racks", 2),
+                min_racks=params.get("min_racks", settings.min_num_racks_per_write_quorum),
+                client=client,
             )
         )
     table = Table(box=box.SIMPLE, title="confirmed findings")

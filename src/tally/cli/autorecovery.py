@@ -8,12 +8,13 @@ import logging
 import os
 import signal
 import socket
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tally.autorecovery.config import AutoRecoveryConfig
+from tally.cli.options import ConfigFile, Metadata
+from tally.client.config import ClientConfig
 from tally.config import load
 from tally.core.errors import TallyError
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def run(
-    metadata: Annotated[str | None, typer.Option(help="Metadata store URI.")] = None,
+    metadata: Metadata = None,
     http_port: Annotated[
         int | None,
         typer.Option(help="Serve the admin HTTP API and Prometheus /metrics on this port."),
@@ -35,9 +36,7 @@ def run(
             "--id", help="This process's name in the auditor election (default: host-pid)."
         ),
     ] = None,
-    config: Annotated[
-        Path | None, typer.Option(help="TOML file with an \\[autorecovery] section.")
-    ] = None,
+    config: ConfigFile = None,
 ) -> None:
     """Run auto-recovery: the auditor (when elected) and a replication worker."""
     logging.basicConfig(
@@ -51,14 +50,15 @@ def run(
             file=config,
             overrides={"metadata": metadata, "http_port": http_port},
         )
+        client_settings = load(ClientConfig, "client", file=config)
         name = process_id or f"autorecovery-{socket.gethostname()}-{os.getpid()}"
-        asyncio.run(_serve(settings, name))
+        asyncio.run(_serve(settings, client_settings, name))
     except TallyError as error:
         typer.echo(f"tally autorecovery: {error}", err=True)
         raise typer.Exit(code=2) from None
 
 
-async def _serve(settings: AutoRecoveryConfig, name: str) -> None:
+async def _serve(settings: AutoRecoveryConfig, client: ClientConfig, name: str) -> None:
     from tally.autorecovery.process import AutoRecoveryProcess  # the client stack, when run
 
     if settings.http_port is not None:
@@ -74,7 +74,11 @@ async def _serve(settings: AutoRecoveryConfig, name: str) -> None:
             return SparkReplicasCheck(client.context, settings)
 
     process = AutoRecoveryProcess(
-        settings, name, admin_http=admin_http, replicas_check=replicas_check
+        settings,
+        name,
+        client_config=client,
+        admin_http=admin_http,
+        replicas_check=replicas_check,
     )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

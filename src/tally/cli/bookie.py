@@ -21,13 +21,14 @@ from prometheus_client import CollectorRegistry
 from tally.bookie import EXIT_SESSION_LOST
 from tally.bookie.config import BookieConfig
 from tally.bookie.server import Bookie, tune_garbage_collector
+from tally.cli.options import ConfigFile, Metadata
 from tally.config import load
 from tally.core.errors import SessionExpired, TallyError
 from tally.metadata.store import MetadataStore
 
 
 def run(
-    metadata: Annotated[str | None, typer.Option(help="Metadata store URI.")] = None,
+    metadata: Metadata = None,
     data_dir: Annotated[Path | None, typer.Option(help="Journal and ledger storage root.")] = None,
     listen: Annotated[
         str | None, typer.Option(help="host:port to listen on (port 0: any free one).")
@@ -40,9 +41,7 @@ def run(
         int | None,
         typer.Option(help="Serve the admin HTTP API and Prometheus /metrics on this port."),
     ] = None,
-    config: Annotated[
-        Path | None, typer.Option(help="TOML file with a \\[bookie] section.")
-    ] = None,
+    config: ConfigFile = None,
 ) -> None:
     """Run a bookie: the storage server of a tally cluster.
 

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from tally.cli.options import Metadata, required_metadata
 from tally.core.errors import TallyError
 from tally.metadata.cluster import InitResult, init_cluster, nuke_cluster, read_cluster
 from tally.metadata.store import DEFAULT_CONNECT_TIMEOUT, MetadataStore
@@ -23,14 +24,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-Metadata = Annotated[
-    str,
-    typer.Option(
-        "--metadata",
-        help="Metadata store URI: sqlite:///path/meta.db, zk://host:port\\[/chroot] or memory://.",
-        show_default=False,
-    ),
-]
 ConnectTimeout = Annotated[
     float, typer.Option("--timeout", help="Seconds to wait for the metadata store to answer.")
 ]
@@ -51,8 +44,9 @@ def _with_store(uri: str, timeout: float, action: Callable[[MetadataStore], Awai
 
 
 @app.command("init")
-def init(metadata: Metadata, timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT) -> None:
+def init(metadata: Metadata = None, timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT) -> None:
     """Create a new cluster (with a random instance id); a no-op where one exists."""
+    metadata = required_metadata(metadata)
     parts = urlsplit(metadata)
     if parts.scheme == "sqlite" and parts.path not in ("", "/"):
         # A new embedded store's directory is created here, and only here: elsewhere a
@@ -71,7 +65,7 @@ def init(metadata: Metadata, timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT) 
 
 @app.command("nuke")
 def nuke(
-    metadata: Metadata,
+    metadata: Metadata = None,
     force: Annotated[
         bool,
         typer.Option("--force", help="Required: confirms that every ledger's metadata goes."),
@@ -79,6 +73,7 @@ def nuke(
     timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Delete the cluster and everything in it: ledgers, bookies, cookies, marks."""
+    metadata = required_metadata(metadata)
     if not force:
         typer.echo(
             f"refusing to nuke the cluster in {metadata} without --force: it deletes the "

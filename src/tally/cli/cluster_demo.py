@@ -37,7 +37,9 @@ from rich.table import Table
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
 from tally.client.client import Client
+from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
+from tally.config import load
 from tally.core.errors import LedgerFenced, TallyError
 from tally.core.ids import LedgerId
 from tally.local.state import DataDir, LocalState
@@ -162,7 +164,7 @@ def _local_stop(console: Console, root: Path, supervisor: subprocess.Popen[bytes
 
 
 async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
-    async with Client(state.metadata) as client:
+    async with Client(state.metadata, config=load(ClientConfig, "client")) as client:
         writers = [
             await client.create_ledger(
                 ensemble_size=QUORUMS[0],
@@ -197,7 +199,7 @@ async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
             f"\nThe writer of ledger {abandoned.ledger_id} is abandoned without closing "
             f"(LAC {abandoned.last_add_confirmed}); a second client recovers it:"
         )
-        async with Client(state.metadata) as second:
+        async with Client(state.metadata, config=client.config) as second:
             reader = await second.open_ledger(abandoned.ledger_id, password=PASSWORD, recovery=True)
             console.print(
                 f"  recovered and closed at entry {reader.last_entry_id} "

@@ -14,13 +14,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tally.cli.options import ConfigFile
+from tally.config import load
 from tally.core.errors import TallyError
+from tally.local.config import DEFAULT_BOOKIES, DEFAULT_RACKS, LocalConfig
 from tally.local.control import Started, start_bookie, start_process, stop_cluster
 from tally.local.processes import describe_exit, signal_name
 from tally.local.services import AUTORECOVERY
 from tally.local.state import DataDir, LocalState
 from tally.local.status import BookieStatus, read_status
-from tally.local.supervisor import DEFAULT_BOOKIES, DEFAULT_RACKS, Supervisor
+from tally.local.supervisor import Supervisor
 from tally.metadata.cluster import InitResult
 
 app = typer.Typer(
@@ -30,12 +33,21 @@ app = typer.Typer(
 )
 
 DataDirOption = Annotated[
-    Path,
+    Path | None,
     typer.Option(
-        "--data-dir", help="Holds the metadata store, the bookies' data and logs, local.json."
+        "--data-dir",
+        help="Holds the metadata store, the bookies' data and logs, local.json (default .tally).",
+        show_default=False,
     ),
 ]
-DEFAULT_DATA_DIR = Path(".tally")
+
+
+def _settings(config: Path | None, **overrides: object) -> LocalConfig:
+    try:
+        return load(LocalConfig, "local", file=config, overrides=overrides)
+    except TallyError as error:
+        raise _fail(error) from None
+
 
 _out = Console(soft_wrap=True, highlight=False)
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -62,12 +74,16 @@ def up(
         int | None,
         typer.Option(help=f"Racks to spread them over, round-robin (default {DEFAULT_RACKS})."),
     ] = None,
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: DataDirOption = None,
+    config: ConfigFile = None,
 ) -> None:
     """Start the cluster in the foreground and supervise it until Ctrl-C or SIGTERM."""
-    where = DataDir.at(data_dir)
+    settings = _settings(config, bookies=bookies, racks=racks, data_dir=data_dir)
+    where = DataDir.at(settings.data_dir)
     try:
-        code = Supervisor(where, _say).run(bookies, racks, partial(_print_summary, where))
+        code = Supervisor(where, _say, settings).run(
+            settings.bookies, settings.racks, partial(_print_summary, where)
+        )
     except TallyError as error:
         raise _fail(error) from None
     raise typer.Exit(code)
@@ -103,12 +119,14 @@ def _print_summary(data_dir: DataDir, state: LocalState, init: InitResult) -> No
 
 @app.command("status")
 def status(
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: DataDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: ConfigFile = None,
 ) -> None:
     """Show the cluster's processes and registrations; exit code 1 when it is not running."""
+    settings = _settings(config, data_dir=data_dir)
     try:
-        found = read_status(DataDir.at(data_dir))
+        found = read_status(DataDir.at(settings.data_dir))
     except TallyError as error:
         raise _fail(error) from None
     if as_json:
@@ -155,11 +173,12 @@ def _process_state(bookie: BookieStatus) -> str:
 
 
 @app.command("stop")
-def stop(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+def stop(data_dir: DataDirOption = None, config: ConfigFile = None) -> None:
     """Stop the cluster started by `tally local up`, from any shell."""
-    where = DataDir.at(data_dir)
+    settings = _settings(config, data_dir=data_dir)
+    where = DataDir.at(settings.data_dir)
     try:
-        stopped = stop_cluster(where, _say)
+        stopped = stop_cluster(where, _say, settings)
     except TallyError as error:
         raise _fail(error) from None
     _say(f"local cluster in {where.root} stopped" if stopped else f"nothing runs in {where.root}")
@@ -168,11 +187,13 @@ def stop(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 @app.command("start-bookie")
 def start_bookie_command(
     index: Annotated[int, typer.Argument(help="The bookie's number, 1 for bookie-1.")],
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: DataDirOption = None,
+    config: ConfigFile = None,
 ) -> None:
     """Start one bookie again (same id, port, rack and data); returns once it serves."""
+    settings = _settings(config, data_dir=data_dir)
     try:
-        started = start_bookie(DataDir.at(data_dir), index)
+        started = start_bookie(DataDir.at(settings.data_dir), index, settings)
     except TallyError as error:
         raise _fail(error) from None
     _say_started(started)
@@ -181,11 +202,13 @@ def start_bookie_command(
 @app.command("start")
 def start_command(
     name: Annotated[str, typer.Argument(help="The process: autorecovery, or bookie-N.")],
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: DataDirOption = None,
+    config: ConfigFile = None,
 ) -> None:
     """Start one process of the cluster again; returns once it serves."""
+    settings = _settings(config, data_dir=data_dir)
     try:
-        started = start_process(DataDir.at(data_dir), name)
+        started = start_process(DataDir.at(settings.data_dir), name, settings)
     except TallyError as error:
         raise _fail(error) from None
     _say_started(started)

@@ -39,10 +39,13 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from tally.cli.options import ConfigFile, Metadata
 from tally.client.bookie_connection import BookieConnection
 from tally.client.client import Client
+from tally.client.config import ClientConfig
 from tally.client.reader import LedgerReader
 from tally.client.writer import LedgerWriter
+from tally.config import load, metadata_uri
 from tally.core.errors import (
     BadRequest,
     ClusterNotInitialised,
@@ -119,8 +122,13 @@ app.add_typer(cookie_app)
 app.add_typer(delay_app)
 
 
+_config_file: list[Path | None] = [None]
+"""The shell's --config (its [client] section), for the command that runs."""
+
+
 @app.callback()
-def _quiet_store_clients() -> None:
+def _shell_options(config: ConfigFile = None) -> None:
+    _config_file[0] = config
     # kazoo logs every failed connection attempt; the command reports the outcome once.
     logging.getLogger("kazoo").setLevel(logging.ERROR)
 
@@ -132,16 +140,6 @@ def _parse_ledger(value: str) -> LedgerId:
         raise typer.BadParameter(str(error)) from None
 
 
-Metadata = Annotated[
-    str | None,
-    typer.Option(
-        "--metadata",
-        envvar="TALLY_METADATA",
-        help="Metadata store URI (sqlite:///path/meta.db, zk://host:port/root); "
-        "default: the local cluster under ./.tally.",
-        show_default=False,
-    ),
-]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 Ledger = Annotated[
     LedgerId,
@@ -193,10 +191,11 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def _resolve(metadata: str | None) -> str:
     """The store to use, refusing a sqlite file that does not exist (opening it would
     create an empty store where the user expected a cluster)."""
-    uri = metadata or f"sqlite://{Path.cwd() / LOCAL_METADATA}"
+    given = metadata_uri(metadata)
+    uri = given or f"sqlite://{Path.cwd() / LOCAL_METADATA}"
     parts = urlsplit(uri)
     if parts.scheme.lower() == "sqlite" and parts.path and not Path(parts.path).exists():
-        origin = "" if metadata else " (the default without --metadata or TALLY_METADATA)"
+        origin = "" if given else " (the default without --metadata or TALLY_METADATA)"
         raise _fail(
             f"no metadata store at {parts.path}{origin}; create a cluster with "
             f"`tally cluster init --metadata {uri}`",
@@ -230,7 +229,7 @@ async def _store(metadata: str | None) -> AsyncIterator[MetadataStore]:
 @contextlib.asynccontextmanager
 async def _client(metadata: str | None) -> AsyncIterator[Client]:
     uri = _resolve(metadata)
-    client = Client(uri)
+    client = Client(uri, config=load(ClientConfig, "client", file=_config_file[0]))
     try:
         await _started(client.start(), uri)
         yield client

@@ -33,6 +33,7 @@ from tally.core.errors import BadRequest, IllegalOperation
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.placement import (
+    DEFAULT_POLICY,
     DefaultPlacementPolicy,
     PlacementPolicy,
     RackAwarePlacementPolicy,
@@ -49,14 +50,12 @@ log = logging.getLogger(__name__)
 
 
 def placement_policy(config: ClientConfig) -> PlacementPolicy:
-    if config.placement == "default":
+    if config.placement == DEFAULT_POLICY:
         return DefaultPlacementPolicy()
-    if config.placement == "rack-aware":
-        return RackAwarePlacementPolicy(
-            min_num_racks_per_write_quorum=config.min_num_racks_per_write_quorum,
-            enforce_min_num_racks_per_write_quorum=config.enforce_min_num_racks_per_write_quorum,
-        )
-    raise BadRequest(f"unknown placement policy {config.placement!r}: default or rack-aware")
+    return RackAwarePlacementPolicy(  # the config allows no other
+        min_num_racks_per_write_quorum=config.min_num_racks_per_write_quorum,
+        enforce_min_num_racks_per_write_quorum=config.enforce_min_num_racks_per_write_quorum,
+    )
 
 
 class Client:

@@ -20,10 +20,16 @@ class BookieMode(enum.Enum):
     READ_ONLY = "readonly"
 
 
+DEFAULT_USAGE_THRESHOLD = 0.95
+"""BookKeeper's diskUsageThreshold."""
+DEFAULT_LOW_WATER_MARK = 0.90
+"""BookKeeper's diskUsageLwmThreshold."""
+
+
 @dataclass(frozen=True, slots=True)
 class DiskPolicy:
-    usage_threshold: float = 0.95
-    low_water_mark: float = 0.90
+    usage_threshold: float = DEFAULT_USAGE_THRESHOLD
+    low_water_mark: float = DEFAULT_LOW_WATER_MARK
 
     def __post_init__(self) -> None:
         if not 0 < self.low_water_mark <= self.usage_threshold <= 1:

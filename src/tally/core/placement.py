@@ -29,6 +29,13 @@ from tally.core.errors import BadRequest, NotEnoughBookies
 from tally.core.schedule import check_quorums
 
 DEFAULT_RACK = "/default-rack"
+DEFAULT_POLICY = "default"
+"""Random distinct bookies, racks ignored (BookKeeper's DefaultEnsemblePlacementPolicy)."""
+RACK_AWARE = "rack-aware"
+"""Write sets spread over racks (RackawareEnsemblePlacementPolicy)."""
+PLACEMENT_POLICIES = (DEFAULT_POLICY, RACK_AWARE)
+DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM = 2
+"""BookKeeper's minNumRacksPerWriteQuorum."""
 """Where a bookie with no known rack stands, as in BookKeeper."""
 
 SPREAD_TRIES = 8
@@ -239,7 +246,7 @@ class RackAwarePlacementPolicy:
     are and what the ledger needs.
     """
 
-    min_num_racks_per_write_quorum: int = 2
+    min_num_racks_per_write_quorum: int = DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM
     enforce_min_num_racks_per_write_quorum: bool = False
 
     def __post_init__(self) -> None:

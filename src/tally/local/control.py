@@ -16,21 +16,26 @@ import time
 from dataclasses import dataclass
 
 from tally.core.errors import BadRequest, BookieUnavailable, IllegalOperation, Timeout
+from tally.local.config import LocalConfig
 from tally.local.processes import describe_exit, log_tail, terminate_group, wait_gone
 from tally.local.services import services
 from tally.local.state import DataDir, LocalState, ProcessRecord
-from tally.local.supervisor import LOG_TAIL_LINES, READY_TIMEOUT, STOP_TIMEOUT, Report
+from tally.local.supervisor import LOG_TAIL_LINES, Report
 
 REQUEST_POLL = 0.1
-SUPERVISOR_STOP_TIMEOUT = STOP_TIMEOUT + 15.0
-"""The supervisor's own stop: its children's, plus writing down how they ended."""
+SUPERVISOR_STOP_MARGIN = 15.0
+"""Seconds the supervisor's own stop takes beyond its children's: writing down how they
+ended."""
 
 
-def stop_cluster(data_dir: DataDir, report: Report) -> bool:
+def stop_cluster(data_dir: DataDir, report: Report, config: LocalConfig | None = None) -> bool:
     """Stop the supervisor and, through it or directly, every process of the cluster.
 
     False when nothing was running.
     """
+    config = config or LocalConfig()
+    stop_timeout = config.stop_timeout
+    supervisor_timeout = stop_timeout + SUPERVISOR_STOP_MARGIN
     supervisor = data_dir.require().supervisor
     supervised = supervisor is not None and supervisor.running
     if supervised:
@@ -38,14 +43,14 @@ def stop_cluster(data_dir: DataDir, report: Report) -> bool:
         report(f"stopping the supervisor (pid {supervisor.pid}) and its processes")
         with contextlib.suppress(ProcessLookupError):
             os.kill(supervisor.pid, signal.SIGTERM)
-        if not wait_gone(supervisor.pid, supervisor.token, SUPERVISOR_STOP_TIMEOUT):
+        if not wait_gone(supervisor.pid, supervisor.token, supervisor_timeout):
             report(
-                f"the supervisor did not stop in {SUPERVISOR_STOP_TIMEOUT:.0f}s: SIGKILL",
+                f"the supervisor did not stop in {supervisor_timeout:.0f}s: SIGKILL",
                 alarm=True,
             )
             with contextlib.suppress(ProcessLookupError):
                 os.kill(supervisor.pid, signal.SIGKILL)
-            wait_gone(supervisor.pid, supervisor.token, STOP_TIMEOUT)
+            wait_gone(supervisor.pid, supervisor.token, stop_timeout)
 
     survivors: list[str] = []
 
@@ -54,8 +59,8 @@ def stop_cluster(data_dir: DataDir, report: Report) -> bool:
             if run.running:
                 survivors.append(name)
                 report(f"stopping {name} (pid {run.pid}) directly: its supervisor is gone")
-                if not terminate_group(run.pid, run.token, STOP_TIMEOUT):
-                    report(f"{name} did not stop in {STOP_TIMEOUT:.0f}s: killed", alarm=True)
+                if not terminate_group(run.pid, run.token, stop_timeout):
+                    report(f"{name} did not stop in {stop_timeout:.0f}s: killed", alarm=True)
         return dataclasses.replace(state, supervisor=None, start_requests=frozenset())
 
     data_dir.update(stop_survivors)
@@ -70,12 +75,12 @@ class Started:
     """True when it was running before: nothing was started."""
 
 
-def start_bookie(data_dir: DataDir, index: int) -> Started:
+def start_bookie(data_dir: DataDir, index: int, config: LocalConfig | None = None) -> Started:
     """Have the supervisor start bookie `index` again; see `start_process`."""
-    return start_process(data_dir, data_dir.require().slot(index).name)
+    return start_process(data_dir, data_dir.require().slot(index).name, config)
 
 
-def start_process(data_dir: DataDir, name: str) -> Started:
+def start_process(data_dir: DataDir, name: str, config: LocalConfig | None = None) -> Started:
     """Have the supervisor start process `name` again; returns once it serves.
 
     IllegalOperation when the cluster does not run; BadRequest for a name the cluster has
@@ -100,7 +105,8 @@ def start_process(data_dir: DataDir, name: str) -> Started:
         data_dir.write(dataclasses.replace(state, start_requests=state.start_requests | {name}))
 
     service = known[name]
-    deadline = time.monotonic() + READY_TIMEOUT
+    ready_timeout = (config or LocalConfig()).ready_timeout
+    deadline = time.monotonic() + ready_timeout
     while True:
         state = data_dir.require()
         run = state.processes.get(name)
@@ -117,5 +123,5 @@ def start_process(data_dir: DataDir, name: str) -> Started:
         if not state.supervisor_running():
             raise IllegalOperation(f"the supervisor of {root} stopped while starting {name}")
         if time.monotonic() > deadline:
-            raise Timeout(f"{name} did not serve within {READY_TIMEOUT:.0f}s: see {service.log}")
+            raise Timeout(f"{name} did not serve within {ready_timeout:.0f}s: see {service.log}")
         time.sleep(REQUEST_POLL)

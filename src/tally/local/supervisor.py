@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Protocol
 
 from tally.core.errors import BadRequest, IllegalOperation
+from tally.local.config import DEFAULT_BOOKIES, DEFAULT_RACKS, LocalConfig
 from tally.local.processes import (
     describe_exit,
     free_ports,
@@ -40,19 +41,7 @@ from tally.local.state import DataDir, LocalState, ProcessRecord, plan_bookies
 from tally.metadata.cluster import InitResult, init_cluster
 from tally.metadata.stores import open_store
 
-DEFAULT_BOOKIES = 3
-DEFAULT_RACKS = 3
-"""One bookie per rack: a ledger of the client's default shape (E=3 WQ=2) keeps every write
-set on two racks, as the placement rule asks and the audit checks; on two racks it cannot."""
-READY_TIMEOUT = 60.0
-"""Seconds a process has to say it serves. A bookie restarted after a crash may first wait
-up to twice its session timeout for its old registration to lapse."""
-STOP_TIMEOUT = 30.0
-"""Seconds a process has to stop cleanly after SIGTERM before it gets SIGKILL."""
 POLL_INTERVAL = 0.2
-RESTARTS = 3
-RESTART_WINDOW = 600.0
-"""A process is restarted by itself at most RESTARTS times within RESTART_WINDOW seconds."""
 LOG_TAIL_LINES = 12
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -68,8 +57,8 @@ class RestartBudget:
     """The automatic restarts each process has had lately, with time as an input: at most
     `limit` within any `window` seconds."""
 
-    limit: int = RESTARTS
-    window: float = RESTART_WINDOW
+    limit: int
+    window: float
     _taken: dict[str, list[float]] = field(default_factory=dict)
 
     def take(self, name: str, now: float) -> int | None:
@@ -95,11 +84,14 @@ class _Child:
 class Supervisor:
     """Runs the services of one data directory; the process that runs it is the supervisor."""
 
-    def __init__(self, data_dir: DataDir, report: Report) -> None:
+    def __init__(
+        self, data_dir: DataDir, report: Report, config: LocalConfig | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.report = report
+        self.config = config or LocalConfig()
         self._children: dict[str, _Child] = {}
-        self._restarts = RestartBudget()
+        self._restarts = RestartBudget(self.config.restarts, self.config.restart_window)
         self._stop_signal: int | None = None
         """Set by the signal handler alone: a plain attribute, as a lock taken there could be
         the one the interrupted code holds."""
@@ -186,7 +178,7 @@ class Supervisor:
         """Start every service and wait until all serve; False (reported) if one does not."""
         started = [self._spawn(service) for service in services(state, self.data_dir.root).values()]
         self.data_dir.update(lambda s: _with_runs(s, started))
-        deadline = time.monotonic() + READY_TIMEOUT
+        deadline = time.monotonic() + self.config.ready_timeout
         while not all(child.ready for child in self._children.values()):
             ended = self._watch()
             for child in ended:
@@ -196,8 +188,8 @@ class Supervisor:
             if time.monotonic() > deadline:
                 late = [c.service.name for c in self._children.values() if not c.ready]
                 self.report(
-                    f"{', '.join(late)} not ready within {READY_TIMEOUT:.0f}s; see the log(s) "
-                    f"in {self.data_dir.root / 'logs'}",
+                    f"{', '.join(late)} not ready within {self.config.ready_timeout:.0f}s; "
+                    f"see the log(s) in {self.data_dir.root / 'logs'}",
                     alarm=True,
                 )
                 return False
@@ -278,14 +270,15 @@ class Supervisor:
         if count is None:
             self._report_exit(
                 child,
-                f"{why}, again: restarted {RESTARTS} times within {RESTART_WINDOW:.0f}s "
+                f"{why}, again: restarted {self.config.restarts} times within "
+                f"{self.config.restart_window:.0f}s "
                 f"already. {stays_down}",
             )
             return
         self._report_exit(
             child,
-            f"{why}: starting it again (restart {count} of at most {RESTARTS} within "
-            f"{RESTART_WINDOW:.0f}s).",
+            f"{why}: starting it again (restart {count} of at most {self.config.restarts} "
+            f"within {self.config.restart_window:.0f}s).",
         )
         try:
             restarted = self._spawn(service)
@@ -314,13 +307,14 @@ class Supervisor:
         children = list(self._children.values())
         for child in children:
             signal_group(child.run.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
+        deadline = time.monotonic() + self.config.stop_timeout
         for child in children:
             try:
                 child.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.report(
-                    f"{child.service.name} did not stop in {STOP_TIMEOUT:.0f}s: SIGKILL",
+                    f"{child.service.name} did not stop in "
+                    f"{self.config.stop_timeout:.0f}s: SIGKILL",
                     alarm=True,
                 )
                 signal_group(child.run.pid, signal.SIGKILL)
