@@ -34,6 +34,7 @@ from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.paths import AUDITOR
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.underreplication import AuditorCheck, UnderReplicationManager
@@ -48,10 +49,12 @@ _names = itertools.count()
 
 
 class FakeClock:
-    """Unix seconds that move only when told; its sleep yields and returns at once."""
+    """Unix seconds that move only when told; its sleep yields and returns at once, and is
+    counted: each is a loop of the auditor that looked at the time and waits."""
 
     def __init__(self) -> None:
         self.now = time.time()
+        self.sleeps = 0
 
     def __call__(self) -> float:
         return self.now
@@ -60,7 +63,14 @@ class FakeClock:
         self.now += seconds
 
     async def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
         await asyncio.sleep(0.01)
+
+    async def turns(self, count: int = 10) -> None:
+        """Until the auditor's loops have waited `count` more times on this clock: they
+        have looked at the time (and anything due) since the test last moved it."""
+        target = self.sleeps + count
+        await until(lambda: self.sleeps >= target, f"{count} more waits on the fake clock")
 
 
 def config(**settings: object) -> AutoRecoveryConfig:
@@ -228,7 +238,12 @@ async def test_one_candidate_audits_and_a_successor_keeps_the_cadence() -> None:
             assert replicas.runs == 1
             assert first.status()["checks"]["replicas_check"]["last_findings"] == 2
             async with h.auditor(settings, "second", replicas_check=replicas) as (second, _, _):
-                await asyncio.sleep(0.3)
+
+                async def both_voted() -> bool:
+                    return len(await h.store.children(AUDITOR)) == 2
+
+                await until(both_voted, "the second candidate's vote")
+                await h.clock.turns()
                 assert first.status()["elected"]
                 assert not second.status()["elected"]
                 assert await who_is_auditor(h.store) == "first"
@@ -238,7 +253,7 @@ async def test_one_candidate_audits_and_a_successor_keeps_the_cadence() -> None:
                 await until(lambda: second.status()["elected"])
                 assert await who_is_auditor(h.store) == "second"
                 await until(lambda: last_runs(second) == last_runs(first))
-                await asyncio.sleep(0.3)
+                await h.clock.turns()
                 assert replicas.runs == 1, "the successor keeps the cadence"
                 assert {c: await h.marks.check_time(c) for c in AuditorCheck} == recorded
 
@@ -327,14 +342,13 @@ async def test_a_bookie_back_within_the_delay_costs_no_mark_and_one_that_stays_d
             h.clock.advance(300)
             await h.up(B2)
             await until(lambda: lost_state(auditor) == {})
-            h.clock.advance(600)
-            await asyncio.sleep(0.2)
+            h.clock.advance(600)  # past the old deadline: nothing is pending, nothing is due
             assert await h.marked() == {}
 
             await h.down(B2)
             await until(lambda: lost_state(auditor) == {B2: "pending"})
             h.clock.advance(599)
-            await asyncio.sleep(0.2)
+            await h.clock.turns()
             assert await h.marked() == {}
             h.clock.advance(2)
             await until(lambda: lost_state(auditor) == {B2: "marked"})
@@ -370,7 +384,7 @@ async def test_a_delay_changed_in_the_store_applies_to_pending_bookies() -> None
             await until(lambda: auditor.status()["lost_bookie_recovery_delay"] == 7200)
             assert auditor.status()["lost_bookies"][0]["deadline_ms"] == since + 7_200_000
             h.clock.advance(120)
-            await asyncio.sleep(0.2)
+            await h.clock.turns()
             assert await h.marked() == {}, "the store's delay wins over the configured one"
 
             await h.marks.set_lost_bookie_recovery_delay(100)
@@ -411,7 +425,7 @@ async def test_an_audit_request_runs_every_check_that_has_not_run_since() -> Non
         assert replicas.runs == 2
         assert all(last_runs(auditor)[name] > run for name, run in first.items() if run)
         assert auditor.status()["audit_requested_ms"] == requested
-        await asyncio.sleep(0.2)
+        await h.clock.turns()
         assert replicas.runs == 2, "a request runs each check once"
 
 
@@ -501,7 +515,7 @@ async def test_a_failing_check_is_retried_later_and_the_others_go_on() -> None:
         assert status["last_run_ms"] is None
         assert "blew up" in status["last_error"]
         assert await h.marks.check_time(AuditorCheck.REPLICAS) is None
-        await asyncio.sleep(0.2)
+        await h.clock.turns()
         assert len(calls) == 1, "not retried at once"
         h.clock.advance(61)
         await until(lambda: len(calls) == 2)

@@ -35,12 +35,6 @@ class Collected(Generic[T]):
                 await self._changed.wait()
         return self.values
 
-    async def quiet(self, period: float = 0.3) -> int:
-        """Values that arrive during `period` (to show that none do)."""
-        before = len(self.values)
-        await asyncio.sleep(period)
-        return len(self.values) - before
-
 
 def sample_metadata(token: bytes | None = None, ensemble: tuple[str, ...] = ()) -> LedgerMetadata:
     """An open ledger's metadata with its own creator token (unless one is given)."""

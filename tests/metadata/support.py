@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from pathlib import Path
 
-from tally.metadata import WatchEvent
+from tally.metadata import MetadataStore, WatchEvent, WatchKind
 
 WORKER = Path(__file__).with_name("store_worker.py")
 
@@ -29,11 +30,20 @@ class Recorder:
                 self._changed.clear()
                 await self._changed.wait()
 
-    async def quiet(self, period: float = 0.3) -> int:
-        """Notifications that arrive during `period` (to show that none do)."""
-        before = len(self.events)
-        await asyncio.sleep(period)
-        return len(self.events) - before
+
+_witnesses = itertools.count()
+
+
+async def settled(store: MetadataStore, writer: MetadataStore) -> None:
+    """Until `store` is notified of a change `writer` makes now: every backend delivers a
+    session's notifications in the order of the changes, so any notification of an earlier
+    change has been delivered by then (how a test shows that one is not)."""
+    witness = Recorder()
+    path = f"/witness-{next(_witnesses)}"
+    watch = await store.watch(path, WatchKind.EXISTS, witness)
+    await writer.create(path)
+    await witness.wait_for(1)
+    watch.cancel()
 
 
 class StoreProcess:

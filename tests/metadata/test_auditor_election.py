@@ -14,6 +14,7 @@ from tally.metadata.cluster import init_cluster
 from tally.metadata.paths import AUDITOR
 from tally.metadata.store import MetadataStore
 from tests.metadata.conftest import Backend
+from tests.support.polling import until
 
 TAKEOVER = 10.0
 
@@ -61,9 +62,8 @@ async def test_a_candidate_whose_predecessor_dies_watches_the_next_one_down(
     async with candidates(backend, 3) as (first, second, third):
         assert (first.watching, second.watching, third.watching) == (None, first.vote, second.vote)
         await second.store.expire_session()
-        await asyncio.sleep(0.3)
+        await until(lambda: third.watching == first.vote, "the third watching the first")
         assert not third.elected.is_set(), "the auditor is still alive"
-        assert third.watching == first.vote
         await first.stop()
         await asyncio.wait_for(third.elected.wait(), TAKEOVER)
         assert third.watching is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from tally.metadata.cluster import init_cluster
 from tally.metadata.paths import rack_path, writable_path
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import Collected
+from tests.support.polling import until
 
 INFO = BookieInfo(address="127.0.0.1:3181", http_port=8000, version="0.1.0", start_time_ms=5)
 
@@ -85,8 +87,17 @@ async def test_a_restarted_bookie_waits_for_its_previous_session_to_go(
         with pytest.raises(KeyExists, match="another bookie running with this id"):
             await impatient.register("b1", INFO)
         patient = BookieRegistry(new, previous_session_wait=10)
+        looks = 0
+        get_many = new.get_many
+
+        async def counted_get_many(paths: list[str]) -> Any:
+            nonlocal looks
+            looks += 1
+            return await get_many(paths)
+
+        new.get_many = counted_get_many  # type: ignore[method-assign]
         registering = asyncio.ensure_future(patient.register("b1", INFO, read_only=True))
-        await asyncio.sleep(0.2)
+        await until(lambda: looks >= 3, "the registration looked at the old one three times")
         assert not registering.done()
         await old.expire_session()
         await asyncio.wait_for(registering, 10)

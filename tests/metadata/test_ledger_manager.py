@@ -315,4 +315,11 @@ async def test_a_ledger_watch_gives_each_version_then_none_once_deleted(backend:
         ]
         watcher.cancel()
         await manager.create_ledger_metadata(ledger_id, metadata)
-        assert await seen.quiet() == 0
+        # A watch made after it, of another ledger, sees its creation: the cancelled one
+        # would have been told of this one's by then.
+        witness: Collected[LedgerRecord | None] = Collected()
+        other = LedgerId.classic(43)
+        await LedgerManager(store).watch_ledger_metadata(other, witness)
+        await manager.create_ledger_metadata(other, metadata)
+        await witness.wait_for(2)
+        assert len(seen.values) == 4

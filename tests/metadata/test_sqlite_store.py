@@ -13,17 +13,29 @@ from tally.metadata import WatchKind, open_store
 from tally.metadata import sqlite as sqlite_backend
 from tally.metadata.sqlite import SqliteStore
 from tests.metadata.support import Recorder
+from tests.support.polling import until
 
 
 def uri(path: Path) -> str:
     return f"sqlite://{path}"
 
 
+def lease_expiry(db: Path, session_id: int) -> float:
+    with sqlite3.connect(db) as raw:
+        (expires_at,) = raw.execute(
+            "SELECT expires_at FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+    return float(expires_at)
+
+
 async def test_heartbeats_keep_a_lease_alive_past_its_ttl(tmp_path: Path) -> None:
     db = tmp_path / "meta.db"
     async with open_store(uri(db), session_timeout=0.5) as store, open_store(uri(db)) as other:
         await store.create("/eph", ephemeral=True)
-        await asyncio.sleep(1.5)
+        first = lease_expiry(db, store.session_id)
+        # Renewed until the lease now runs past three of its first TTLs: the session lived
+        # on by heartbeats alone, and the other session's sweeps left it be.
+        await until(lambda: lease_expiry(db, store.session_id) > first + 1.0, "renewals")
         assert not store.session_lost.is_set()
         assert await other.exists("/eph") is not None
 
@@ -83,10 +95,13 @@ async def test_a_watcher_behind_the_pruned_log_is_notified_for_everything(
         await writer.create("/y")
         for i in range(20):
             await writer.set("/y", str(i).encode())
-        await asyncio.sleep(0.2)  # the writer's heartbeat prunes the log to its window
-        with sqlite3.connect(path) as raw:
-            (kept,) = raw.execute("SELECT count(*) FROM changes").fetchone()
-        assert kept <= 5
+
+        def pruned() -> bool:  # the writer's heartbeat prunes the log to its window
+            with sqlite3.connect(path) as raw:
+                (kept,) = raw.execute("SELECT count(*) FROM changes").fetchone()
+            return bool(kept <= 5)
+
+        await until(pruned, "the change log pruned to its window")
         await watched.wait_for(1, timeout=3)
         await untouched.wait_for(1, timeout=3)
 

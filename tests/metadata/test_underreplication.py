@@ -224,9 +224,13 @@ async def test_lost_bookie_recovery_delay_and_its_watch(
         await operator.set_lost_bookie_recovery_delay(30)
         assert await operator.lost_bookie_recovery_delay() == 30
         assert await seen.wait_for(2) == [None, 30]
+        witness: Collected[int | None] = Collected()
+        await UnderReplicationManager(store).watch_audit_requests(witness)
         with caplog.at_level(logging.ERROR):
             await admin.set(LOST_BOOKIE_RECOVERY_DELAY, b"thirty")
-            assert await seen.quiet() == 0
+            await operator.request_audit(now_ms=1)  # seen after the bad value's read
+            await witness.wait_for(2)
+            assert len(seen.values) == 2
         assert "lost_bookie_recovery_delay" in caplog.text
         await operator.set_lost_bookie_recovery_delay(0)
         assert await seen.wait_for(3) == [None, 30, 0]
@@ -260,9 +264,13 @@ async def test_audit_requests_reach_a_watcher_in_order(
         operator = UnderReplicationManager(admin)
         assert await operator.request_audit(now_ms=5) == 5
         assert await seen.wait_for(2) == [None, 5]
+        witness: Collected[int | None] = Collected()
+        await UnderReplicationManager(store).watch_lost_bookie_recovery_delay(witness)
         with caplog.at_level(logging.ERROR):
             await admin.set(AUDIT_REQUEST, b"now please")
-            assert await seen.quiet() == 0
+            await operator.set_lost_bookie_recovery_delay(7)  # seen after the bad value's read
+            await witness.wait_for(2)
+            assert len(seen.values) == 2
         assert "audit_request" in caplog.text
         await operator.request_audit(now_ms=9)
         assert await seen.wait_for(3) == [None, 5, 9]
