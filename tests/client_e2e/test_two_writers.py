@@ -4,7 +4,6 @@ ever holds another value for an entry than the one the writer had acknowledged."
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.client_e2e.conftest import (
     writer_process,
 )
 from tests.client_e2e.writer_worker import payload
+from tests.support.polling import until
 
 PASSWORD = b"two writers"
 
@@ -30,6 +30,12 @@ PASSWORD = b"two writers"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_cluster(tmp_path_factory.mktemp("two-writers"), 5) as cluster:
         yield cluster
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (its /proc state is T)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 @pytest.mark.parametrize(
@@ -59,7 +65,7 @@ async def test_paused_writer_is_fenced_and_every_reader_agrees(
 
             worker.signal(signal.SIGSTOP)
             try:
-                await asyncio.sleep(0.1)  # let the stop land
+                await until(lambda: stopped(worker.process.pid), "the writer stopped")
                 recovered = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
             finally:
                 worker.signal(signal.SIGCONT)
