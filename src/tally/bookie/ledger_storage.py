@@ -63,6 +63,7 @@ from tally.bookie.entry_log import (
 )
 from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerData
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
+from tally.bookie.write_cache import WriteCache
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
 from tally.core.digest import MASTER_KEY_SIZE
@@ -85,94 +86,6 @@ LAST_ENTRY = -1
 read, which answers with the last entry stored)."""
 MAX_ENTRY_ID = 2**63 - 1
 DEFAULT_AVAILABILITY_BATCH = 1000
-
-_Stored = tuple[int, EntryBytes]
-"""(CRC32C, entry bytes)."""
-
-
-class _CachedLedger:
-    """One ledger's entries in a write cache, and the highest id among them."""
-
-    __slots__ = ("entries", "last")
-
-    def __init__(self, last: int) -> None:
-        self.entries: dict[int, _Stored] = {}
-        self.last = last
-
-
-class _WriteCache:
-    """Entries added since the last checkpoint, by ledger; the newest add of an id wins.
-
-    One dict look-up per add: a LedgerId hashes and compares in Python, per look-up."""
-
-    __slots__ = ("_ledgers", "byte_count", "entry_count", "kept")
-
-    def __init__(self) -> None:
-        self._ledgers: dict[LedgerId, _CachedLedger] = {}
-        self.entry_count = 0
-        self.byte_count = 0
-        self.kept: dict[tuple[LedgerId, int], JournalLocation] = {}
-        """Where the journal holds the cached entries it keeps (journal_entries.py)."""
-
-    def put(self, ledger_id: LedgerId, entry_id: int, stored: _Stored) -> None:
-        cached = self._ledgers.get(ledger_id)
-        if cached is None:
-            cached = self._ledgers[ledger_id] = _CachedLedger(entry_id)
-        elif entry_id > cached.last:
-            cached.last = entry_id
-        previous = cached.entries.get(entry_id)
-        if previous is None:
-            self.entry_count += 1
-        else:
-            self.byte_count -= len(previous[1])
-            self.kept.pop((ledger_id, entry_id), None)
-        cached.entries[entry_id] = stored
-        self.byte_count += len(stored[1])
-
-    def get(self, ledger_id: LedgerId, entry_id: int) -> _Stored | None:
-        cached = self._ledgers.get(ledger_id)
-        return None if cached is None else cached.entries.get(entry_id)
-
-    def last_entry(self, ledger_id: LedgerId) -> int | None:
-        cached = self._ledgers.get(ledger_id)
-        return None if cached is None else cached.last
-
-    def ledgers(self) -> list[LedgerId]:
-        return sorted(self._ledgers)
-
-    def entries(self, ledger_id: LedgerId) -> dict[int, _Stored]:
-        cached = self._ledgers.get(ledger_id)
-        return {} if cached is None else cached.entries
-
-    def drop_ledger(self, ledger_id: LedgerId) -> None:
-        cached = self._ledgers.pop(ledger_id, None)
-        if cached is not None:
-            self.entry_count -= len(cached.entries)
-            self.byte_count -= sum(len(data) for _, data in cached.entries.values())
-            for entry_id in cached.entries:
-                self.kept.pop((ledger_id, entry_id), None)
-
-    def drop_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> None:
-        cached = self._ledgers.get(ledger_id)
-        if cached is None:
-            return
-        for entry_id in entry_ids:
-            dropped = cached.entries.pop(entry_id, None)
-            if dropped is not None:
-                self.entry_count -= 1
-                self.byte_count -= len(dropped[1])
-                self.kept.pop((ledger_id, entry_id), None)
-        if cached.entries:
-            cached.last = max(cached.entries)
-        else:
-            del self._ledgers[ledger_id]
-
-    def absorb(self, newer: _WriteCache) -> None:
-        """Take in `newer`'s entries over these (to put back a cache a checkpoint failed on)."""
-        for ledger_id, cached in newer._ledgers.items():
-            for entry_id, stored in cached.entries.items():
-                self.put(ledger_id, entry_id, stored)
-        self.kept.update(newer.kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +148,8 @@ class LedgerStorage:
         """Journal files holding entries the index points to: the journal keeps them."""
         self._lock = threading.Lock()
         self._maintenance = threading.Lock()
-        self._cache = _WriteCache()
-        self._flushing: _WriteCache | None = None
+        self._cache = WriteCache()
+        self._flushing: WriteCache | None = None
         """The cache a running checkpoint is writing out; still served to readers."""
         self._states: dict[LedgerId, LedgerData] = {}
         """Every ledger touched since start-up (loaded on first use, never evicted)."""
@@ -561,7 +474,7 @@ class LedgerStorage:
             started = time.monotonic()
             with self._lock:
                 flushing, self._flushing = self._cache, self._cache
-                self._cache = _WriteCache()
+                self._cache = WriteCache()
                 dirty, self._dirty = self._dirty, set()
                 limbo = frozenset(self._limbo) if self._limbo_changed else None
                 self._limbo_changed = False
@@ -598,7 +511,7 @@ class LedgerStorage:
                 self._counters.last_checkpoint_seconds = elapsed
                 self._counters.checkpoint_seconds_total += elapsed
 
-    def _append_entries(self, cache: _WriteCache, batch: IndexBatch) -> dict[LedgerId, _Totals]:
+    def _append_entries(self, cache: WriteCache, batch: IndexBatch) -> dict[LedgerId, _Totals]:
         """Append the cache to the entry log, sorted, and fdatasync it; put the locations.
 
         Returns each ledger's totals for its state. Only maintenance (one at a time) changes
