@@ -22,12 +22,12 @@ Preallocation: `posix_fallocate` reserves the file `preallocate_size` at a time 
 the writes, so every record lands inside the file's size: fdatasync has no size change to
 commit, where appending to a growing file makes every fdatasync also commit the inode
 (bench/bench_journal.py measures both). On ext4 fdatasync still records that the extents
-it wrote are no longer unwritten; zero-filling instead (as BookKeeper does) measured no
-faster here and writes every byte twice.
+it wrote are no longer unwritten; zero-filling instead, as BookKeeper does, writes every
+byte twice for no gain (docs/benchmarks.md).
 
 Writes skip the page cache (O_DIRECT from aligned buffers): only a replay reads the journal
-again, and the page cache's copy, pages and writeback cost a 64 KiB record more than its
-share of the disk did. Where the file system refuses O_DIRECT, or with `direct_io=False`, the
+again, and the page cache's copy, pages and writeback cost a large record more than its
+share of the disk does. Where the file system refuses O_DIRECT, or with `direct_io=False`, the
 same buffers are written through the page cache and the pages a batch completed are dropped
 once synced (page_cache.py). A batch that ends inside a disk block leaves that block
 zero-padded and writes it again, same bytes first, with the next batch: replay takes the
@@ -43,8 +43,8 @@ While one batch is synced the next is written, and while that is written the nex
 taken by the writer itself once done: batches grow with the load and add no latency when
 idle. A record may be appended in two parts (`append_then`: the bookie's record header and
 the entry), copied once, straight into the staging buffer; and its waiter may be a plain
-callback, called from the batch's completion: a future per record, with the loop callback
-its result schedules, cost the bookie more than a tenth of an add. `max_batch_delay`
+callback, called from the batch's completion, since a future per record, with the loop
+callback its result schedules, is a large part of an add's cost. `max_batch_delay`
 (BookKeeper's journalMaxGroupWaitMSec) can make a batch wait for company; it defaults to 0,
 since the adaptive batching needs no wait (see the benchmark).
 """
@@ -90,9 +90,9 @@ DEFAULT_PREALLOCATE_SIZE = 16 << 20
 DEFAULT_MAX_BATCH_BYTES = 1 << 20
 """A batch closes at the record that brings it to this size. BookKeeper's
 journalBufferedWritesThreshold is 512 KiB, but that bounds its write buffer, not its fsync
-group, which its force-write thread makes larger. Here one batch is one fdatasync, and 64 KiB
-records reached about half the disk's raw rate (fdatasync per MiB) with 512 KiB batches
-against about three quarters with 1 MiB ones (bench/bench_journal.py, same runs)."""
+group, which its force-write thread makes larger. Here one batch is one fdatasync, and large
+records get much closer to the disk's raw rate with 1 MiB batches than with 512 KiB ones
+(bench/bench_journal.py; docs/benchmarks.md)."""
 RECENT_FDATASYNCS = 1024
 """fdatasync latencies kept for the metrics."""
 
@@ -163,7 +163,7 @@ class _State(enum.Enum):
 
 
 _RUNNING = _State.RUNNING
-"""For the append path: a member looked up on its Enum class costs 0.3 us in Python 3.11."""
+"""For the append path: looking a member up on its Enum class is slow for a hot path."""
 
 
 class Journal:
@@ -435,9 +435,9 @@ class Journal:
         thread, which fdatasyncs what was written and answers it.
 
         The writer takes its next batch itself as soon as one is written (handed over by the
-        event loop instead, it stood idle about a quarter of the time under a load of 64 KiB
-        entries), and writes it while the sync thread flushes the one before: a 1 MiB direct
-        write and an fdatasync each took about a millisecond here, one after the other.
+        event loop instead, it stands idle for part of the time under a heavy load), and
+        writes it while the sync thread flushes the one before, so that a write and an
+        fdatasync overlap instead of following each other.
         """
         while True:
             try:
@@ -462,8 +462,8 @@ class Journal:
     def _hand_to_syncer(self, item: _Written | _Retired | _WriteError, last: bool = False) -> None:
         """Queue `item` for the sync thread; or, for the `last` batch before the writer
         goes idle, when the sync thread has nothing queued or running, sync it right here:
-        at a low rate every batch is such a one, and the hop to the other thread added
-        about a tenth of a millisecond to each add's latency."""
+        at a low rate every batch is such a one, and the hop to the other thread would add
+        to each add's latency."""
         with self._sync_lock:
             self._written.append(item)
             inline = last and len(self._written) == 1 and not self._syncing

@@ -2,7 +2,7 @@
 
 Request counters and latencies are updated on the request path, in plain ints and floats
 that the scrape reads: prometheus_client's labelled counter and histogram take a lock and
-run Python checks per update, which cost an add 1.5 us of its ~18 (docs/benchmarks.md).
+run Python checks per update, a noticeable part of an add (docs/benchmarks.md).
 They are updated from the event loop's thread only. The journal's and the ledger storage's
 own counters are read only when Prometheus scrapes, so the hot path pays nothing for them.
 The journal's batch size is `rate(bookie_journal_records_total) /

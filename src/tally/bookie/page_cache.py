@@ -2,11 +2,10 @@
 
 Journal and entry logs are written once and read back rarely (a journal only at replay,
 an entry log when an entry is read after its checkpoint). Left in the page cache, every
-byte the bookie writes takes a new page of memory; on this project's virtual machines the
-cost of a page-cache write grew sevenfold once a few hundred MiB had been written so (from
-~18 to ~130 us of system time per 64 KiB), while appends whose pages were dropped once
-durable stayed at ~18 us: the kernel reuses the pages it got back. BookKeeper drops its
-journal's pages the same way (journalRemovePagesFromCache).
+byte the bookie writes takes a new page of memory, and a page-cache write grows costlier
+as they pile up, while appends whose pages are dropped once durable stay cheap: the kernel
+reuses the pages it got back (docs/benchmarks.md). BookKeeper drops its journal's pages
+the same way (journalRemovePagesFromCache).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ An asyncio protocol rather than streams, so that an add needs no coroutine or ta
 `add_nowait` encodes the frame, parks a future under the request id and queues the bytes;
 the transport receives straight into the `ResponseReader`'s arena (`get_buffer`), and
 `buffer_updated` resolves the futures of whatever answers arrived. Frames queued in one
-event-loop turn leave in one write, so a burst of adds costs one send, not one each
-(measured: twice the adds/s of a write per frame).
+event-loop turn leave in one write, so a burst of adds costs one send, not one each.
 
 Failures keep BookKeeper's distinction between a negative answer and an unknown one: an
 error response raises the bookie's own typed error; no answer within `request_timeout`

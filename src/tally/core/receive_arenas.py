@@ -1,10 +1,9 @@
 """The memory that frame readers receive bytes into, reused once nobody looks at it.
 
 A bookie keeps a large entry as a view of the arena it arrived in (protocol.KEEP_IN_PLACE),
-so an arena lives until the write cache lets go of its last entry. A fresh arena per
-megabyte received cost its zeroing and page faults, a tenth of the bookie's system time
-under 64 KiB adds (docs/benchmarks.md); retired arenas wait here and are taken again once
-free. Arenas retire roughly in the order the write cache releases them, so only the oldest
+so an arena lives until the write cache lets go of its last entry. A fresh arena costs its
+zeroing and page faults (docs/benchmarks.md); retired arenas wait here and are taken again
+once free. Arenas retire roughly in the order the write cache releases them, so only the oldest
 is ever checked.
 """
 

@@ -43,8 +43,8 @@ from tally.core.protocol.wire import (
 )
 
 KEEP_IN_PLACE: Final = 8 << 10
-"""An ADD's entry at least this long stays a view of the bytes it arrived in: copying 64 KiB
-out was a sixth of a bookie's time per add. Shorter ones are copied, so that they do not
+"""An ADD's entry at least this long stays a view of the bytes it arrived in: copying large
+entries out is a large part of a bookie's time per add. Shorter ones are copied, so that they do not
 keep a megabyte arena alive for a few bytes; so are long ones in an arena that other
 requests filled more than half of (`FrameReader._may_keep`)."""
 

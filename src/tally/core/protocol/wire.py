@@ -59,7 +59,7 @@ class Flags(enum.IntFlag):
 
 
 # Plain ints for the hot paths: IntFlag arithmetic, and even looking a member up on its
-# class (0.3 us in Python 3.11), cost more than the rest of a small frame.
+# class, cost more than the rest of a small frame.
 NO_FLAGS: Final = int(Flags.NONE)
 DO_FENCING: Final = int(Flags.DO_FENCING)
 RECOVERY_ADD: Final = int(Flags.RECOVERY_ADD)
