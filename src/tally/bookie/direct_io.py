@@ -3,9 +3,9 @@
 A bookie writes every byte twice (journal, then entry log) and reads it back rarely. Through
 the page cache each 64 KiB write costs the kernel a copy into freshly allocated pages, their
 buffer heads and accounting, their writeback and, once synced, their eviction: a large part
-of the bookie's CPU under a load of large entries (docs/benchmarks.md). With O_DIRECT the device reads the bytes straight from one reused,
-aligned buffer; the only copy left is the one into that buffer. BookKeeper's
-DirectEntryLogger writes entry logs the same way.
+of the bookie's CPU under a load of large entries (docs/benchmarks.md). With O_DIRECT the
+device reads the bytes straight from one reused, aligned buffer; the only copy left is the
+one into that buffer. BookKeeper's DirectEntryLogger writes entry logs the same way.
 
 O_DIRECT wants the buffer, the file offset and the length aligned to the device's block. An
 append rarely ends on a block boundary, so `DirectAppender` writes its last block padded with
