@@ -317,33 +317,31 @@ class Index:
 
     def kept_journal_files(self) -> set[int]:
         """The journal files that hold entries the index points to (see journal_entries)."""
-        try:
-            raw = self._meta_db.get(_KEPT_JOURNAL_FILES)
-        except Exception as error:
-            raise EntryUnreadable(f"index: cannot read the kept journal files: {error}") from error
-        if raw is None:
-            return set()
-        if len(raw) % _FILE_ID.size:
-            raise EntryUnreadable(
-                f"index: the kept journal files take {len(raw)} bytes, not a multiple of "
-                f"{_FILE_ID.size}: the index is damaged"
-            )
-        return {file_id for (file_id,) in _FILE_ID.iter_unpack(raw)}
+        return {
+            file_id
+            for (file_id,) in self._packed(_KEPT_JOURNAL_FILES, _FILE_ID, "kept journal files")
+        }
 
     def limbo_ledgers(self) -> set[LedgerId]:
         """The ledgers in limbo: their entries may have been lost (see ledger_storage)."""
+        return {
+            LedgerId(*key) for key in self._packed(_LIMBO_LEDGERS, _LEDGER_KEY, "limbo ledgers")
+        }
+
+    def _packed(self, key: bytes, layout: struct.Struct, what: str) -> list[tuple[int, ...]]:
+        """The fixed-size records packed under meta `key` (none if it is absent)."""
         try:
-            raw = self._meta_db.get(_LIMBO_LEDGERS)
+            raw = self._meta_db.get(key)
         except Exception as error:
-            raise EntryUnreadable(f"index: cannot read the limbo ledgers: {error}") from error
+            raise EntryUnreadable(f"index: cannot read the {what}: {error}") from error
         if raw is None:
-            return set()
-        if len(raw) % _LEDGER_KEY.size:
+            return []
+        if len(raw) % layout.size:
             raise EntryUnreadable(
-                f"index: the limbo ledgers take {len(raw)} bytes, not a multiple of "
-                f"{_LEDGER_KEY.size}: the index is damaged"
+                f"index: the {what} take {len(raw)} bytes, not a multiple of {layout.size}: "
+                "the index is damaged"
             )
-        return {LedgerId(scope, ledger) for scope, ledger in _LEDGER_KEY.iter_unpack(raw)}
+        return list(layout.iter_unpack(raw))
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""
