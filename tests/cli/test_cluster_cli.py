@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,16 +13,7 @@ from tally.metadata import open_store
 from tally.metadata.cluster import read_cluster, require_cluster
 from tally.metadata.paths import ROOTS
 from tally.metadata.zk_server import free_port
-
-
-def tally(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tally.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from tests.support.processes import tally
 
 
 @pytest.fixture
