@@ -24,7 +24,7 @@ found its journal damaged at start-up) is in limbo: the bookie cannot tell an en
 received from one it acknowledged and lost, so it answers `LedgerInLimbo` (unknown) where it
 would answer NoSuchEntry, and the ledger is fenced, since a lost record may have been a
 fence. The bookie takes a ledger out of limbo once it holds every entry the ledger's closed
-metadata gives it (server.py); the set is kept in the index, written by the checkpoints.
+metadata gives it (limbo.py); the set is kept in the index, written by the checkpoints.
 
 Threads. The bookie calls everything from its event loop thread except `checkpoint`,
 `delete_ledger` and `forget_entries`, which it runs in one worker thread (they hold

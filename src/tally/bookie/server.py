@@ -1,16 +1,12 @@
-"""The bookie process: the wire protocol served over the journal and the ledger storage.
+"""The bookie's life cycle: start, background work (checkpoints, disk checks), stop.
 
 Start-up, in this order: the store must hold a cluster; the listening socket is bound (a
 port of 0 becomes a real one, which is the bookie id unless one is configured); the
 cookie check proves the directories belong to this bookie of this cluster; the journal
 is replayed into ledger storage from the last checkpoint (the checkpoint loop writes the
 replayed records out later, while the bookie serves); then the bookie serves, and only
-then registers, so no client finds it before it can answer.
-
-The add path runs without a coroutine per request: admission (tally.core.admission),
-the entry into the write cache (which verifies the client's CRC32C first), a journal
-record (its header and the entry as two buffers), and the reply from the callback the
-journal calls when its group commit has fdatasync'ed the record.
+then registers, so no client finds it before it can answer. Its requests are answered by
+requests.py, over connections of connection.py.
 """
 
 from __future__ import annotations
@@ -22,29 +18,27 @@ import logging
 import shutil
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from functools import partial
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 
 from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
+from tally.bookie.connection import BookieConnectionHandler
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.journal import Journal
-from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries, kept_location
+from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.limbo import LimboWatch, describe, ledgers_to_limbo
 from tally.bookie.metrics import BookieMetrics
+from tally.bookie.requests import BookieRequestProcessor
 from tally.core import protocol
 from tally.core.addresses import join_host_port, split_host_port
-from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
 from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
 from tally.core.errors import (
     BadRequest,
-    MalformedData,
     TallyError,
     WriteFailed,
 )
@@ -66,12 +60,6 @@ AdminHttp = Callable[
 """Starts a process's admin HTTP app (the face provides it: layers import downwards):
 (store, bookie, metrics registry, host, port) -> (serving task, port)."""
 
-DUMP_LEDGERS_PER_TURN = 64
-"""AVAILABILITY_DUMP reads this many ledgers between two yields to the event loop."""
-
-# Looked up once: an Enum member or name looked up per request costs 0.3 us in Python 3.11.
-_OPERATION_NAMES = {operation: operation.name for operation in protocol.Operation}
-
 
 class Bookie:
     """One bookie: call `start`, then `wait_stopped`; `stop` from a signal handler."""
@@ -80,9 +68,6 @@ class Bookie:
         self.config = config
         self._admin_http = admin_http
         self.metrics = BookieMetrics()
-        self.disk = DiskState(
-            DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)
-        )
         self.address = ""
         self.bookie_id = ""
         self.metrics_port: int | None = None
@@ -94,9 +79,9 @@ class Bookie:
         self._storage: LedgerStorage | None = None
         self._keeps_entries = False
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
+        self._requests: BookieRequestProcessor | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[BookieConnectionHandler] = set()
-        self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
         self.lost_session = False
@@ -117,6 +102,17 @@ class Bookie:
         assert self._storage is not None, "bookie not started"
         return self._storage
 
+    @property
+    def disk(self) -> DiskState:
+        """The bookie's mode and why, kept by its request processor, which admits writes by it."""
+        assert self._requests is not None, "bookie not started"
+        return self._requests.disk
+
+    @disk.setter
+    def disk(self, state: DiskState) -> None:
+        assert self._requests is not None, "bookie not started"
+        self._requests.disk = state
+
     # -- life cycle -------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -130,7 +126,7 @@ class Bookie:
         host, port = split_host_port(config.listen, port_zero=True)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: BookieConnectionHandler(self),
+            self._new_connection,
             host,
             port,
             ssl=_server_ssl(config),
@@ -172,6 +168,16 @@ class Bookie:
             max_batch_delay=config.journal_max_batch_delay,
             max_batch_bytes=config.journal_max_batch_bytes,
             direct_io=config.direct_io,
+        )
+        self._requests = BookieRequestProcessor(
+            self.bookie_id,
+            self._journal,
+            self._storage,
+            self.metrics,
+            DiskState(DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)),
+            keeps_entries=keep,
+            max_frame_size=config.max_frame_size,
+            on_io_error=self._io_error,
         )
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
@@ -216,6 +222,14 @@ class Bookie:
             self.address,
             self.disk.mode.value,
             f", admin HTTP and /metrics on :{self.metrics_port}" if self.metrics_port else "",
+        )
+
+    def _new_connection(self) -> BookieConnectionHandler:
+        """A new client connection's protocol (asyncio asks for one only once serving)."""
+        assert self._requests is not None, "bookie not started"
+        reader = protocol.RequestReader(self.config.max_frame_size, self.receive_arenas)
+        return BookieConnectionHandler(
+            self._requests.dispatch, reader, self._connections, self.metrics
         )
 
     def _replay(self) -> int:
@@ -369,345 +383,6 @@ class Bookie:
         self.metrics.read_only.set(1 if mode is BookieMode.READ_ONLY else 0)
         log.info("bookie %s registered %s (%s)", self.bookie_id, mode.value, self.disk.reason)
 
-    # -- requests ----------------------------------------------------------------------
-
-    def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
-        """Answer one request; errors become error responses, never a dropped connection."""
-        handler = self._handlers.get(type(request))
-        try:
-            if handler is None:
-                raise BadRequest(f"{request.operation.name} is not served by a bookie")
-            handler(self, request, connection)
-        except Exception as error:
-            self._raised(request, connection, error)
-
-    def _raised(
-        self, request: protocol.Request, connection: BookieConnectionHandler, error: Exception
-    ) -> None:
-        """Answer a request whose handling raised: a TallyError as itself, anything else
-        as an internal error, logged with its traceback."""
-        if not isinstance(error, TallyError):
-            log.error("bookie %s failed on %r", self.bookie_id, request, exc_info=error)
-            error = TallyError(f"internal error: {error!r}")
-        self._fail(request, connection, error)
-
-    def _count(self, request: protocol.Request, result: str) -> None:
-        self.metrics.requests.inc(_operation_label(request), result)
-
-    def _fail(
-        self, request: protocol.Request, connection: BookieConnectionHandler, error: TallyError
-    ) -> None:
-        self._count(request, type(error).__name__)
-        connection.send(protocol.ErrorResponse.answering(request, error).encode())
-
-    def _ok(
-        self, request: protocol.Request, connection: BookieConnectionHandler, frame: bytes
-    ) -> None:
-        self._count(request, "ok")
-        connection.send(frame)
-
-    def _journal_then(
-        self,
-        record: bytes,
-        done: Callable[[], None],
-        request: protocol.Request,
-        connection: BookieConnectionHandler,
-    ) -> None:
-        """Journal `record`; once it is durable call `done`, or answer with the failure."""
-        self.journal.append_then(record, b"", partial(self._journaled, done, request, connection))
-
-    def _journaled(
-        self,
-        done: Callable[[], None],
-        request: protocol.Request,
-        connection: BookieConnectionHandler,
-        _: JournalMark | None,
-        error: BaseException | None,
-    ) -> None:
-        if error is None:
-            try:
-                done()
-            except TallyError as failure:
-                self._fail(request, connection, failure)
-            return
-        self._journal_failed(request, connection, error)
-
-    def _journal_failed(
-        self, request: protocol.Request, connection: BookieConnectionHandler, error: BaseException
-    ) -> None:
-        if not isinstance(error, TallyError):
-            error = WriteFailed(f"journal write failed: {error!r}")
-        if isinstance(error, WriteFailed):
-            self._io_error(str(error))
-        self._fail(request, connection, error)
-
-    def _journal_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
-        """Journal a ledger's first master key. Nobody waits on it: the record that needs
-        it (entry, fence, LAC) is journaled right after, in the same or a later group
-        commit, so its reply already implies this one is durable, and its failure reports
-        the journal's."""
-        self.journal.append_then(
-            journal_records.master_key_record(ledger_id, master_key), b"", _ignore
-        )
-
-    def _add(self, request: protocol.AddRequest, connection: BookieConnectionHandler) -> None:
-        started = time.perf_counter()
-        admit_write(self.disk, self.bookie_id, recovery=request.recovery)
-        ledger_id = request.ledger_id
-        storage = self.storage
-        admission = admit_add(
-            ledger_id,
-            storage.ledger_access(ledger_id),
-            request.master_key,
-            recovery=request.recovery,
-        )
-        storage.add_entry(
-            ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
-        )
-        if admission.record_master_key:
-            storage.set_master_key(ledger_id, request.master_key)
-            self._journal_master_key(ledger_id, request.master_key)
-        head = journal_records.entry_record_head(
-            ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c
-        )
-        self.journal.append_then(  # add_entry has just checked the entry's CRC32C
-            head, request.entry, partial(self._added, request, connection, started), request.crc32c
-        )
-
-    def _added(
-        self,
-        request: protocol.AddRequest,
-        connection: BookieConnectionHandler,
-        started: float,
-        mark: JournalMark | None,
-        error: Exception | None,
-    ) -> None:
-        """Acknowledge an add whose journal record is durable (or answer its failure)."""
-        if mark is None:
-            self._journal_failed(request, connection, error or WriteFailed("journal lost it"))
-            return
-        if self._keeps_entries:
-            location = kept_location(mark, len(request.entry), request.crc32c)
-            if location is not None:
-                self.storage.keep_in_journal(request.ledger_id, request.entry_id, location)
-        response = protocol.AddResponse(request.request_id, request.ledger_id, request.entry_id)
-        self._ok(request, connection, response.encode())
-        self.metrics.add_entry_seconds.observe(time.perf_counter() - started)
-
-    def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
-        started = time.perf_counter()
-        ledger_id = request.ledger_id
-
-        def answer() -> None:
-            _, data = self.storage.get_entry(ledger_id, request.entry_id)
-            response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
-            self._ok(request, connection, response.encode())
-            self.metrics.read_entry_seconds.observe(time.perf_counter() - started)
-
-        if request.master_key is None:
-            answer()
-            return
-        self._fence(request, request.master_key, answer, connection)
-
-    def _fence(
-        self,
-        request: protocol.ReadRequest,
-        master_key: bytes,
-        then: Callable[[], None],
-        connection: BookieConnectionHandler,
-    ) -> None:
-        """Fence the ledger durably, then run `then`: the fence is in the journal before
-        any reply, including replies to fencing reads racing a fence still in flight."""
-        ledger_id = request.ledger_id
-        admit_write(self.disk, self.bookie_id, recovery=True)
-        admission = admit_fencing_read(ledger_id, self.storage.ledger_access(ledger_id), master_key)
-        if admission.record_master_key:
-            self.storage.set_master_key(ledger_id, master_key)
-            self._journal_master_key(ledger_id, master_key)
-        if admission.record_fence:
-            self.storage.set_fenced(ledger_id)
-            future = self.journal.append_nowait(journal_records.fence_record(ledger_id))
-            self._pending_fences[ledger_id] = future
-            future.add_done_callback(lambda _: self._pending_fences.pop(ledger_id, None))
-        else:
-            pending = self._pending_fences.get(ledger_id)
-            if pending is None:
-                then()
-                return
-            future = pending
-        future.add_done_callback(
-            lambda done: self._journaled(then, request, connection, None, done.exception())
-        )
-
-    def _read_lac(
-        self, request: protocol.ReadLacRequest, connection: BookieConnectionHandler
-    ) -> None:
-        lac = self.storage.last_add_confirmed(request.ledger_id)
-        response = protocol.ReadLacResponse(request.request_id, request.ledger_id, lac)
-        self._ok(request, connection, response.encode())
-
-    def _write_lac(
-        self, request: protocol.WriteLacRequest, connection: BookieConnectionHandler
-    ) -> None:
-        ledger_id = request.ledger_id
-        admission = admit_write_lac(
-            ledger_id, self.storage.ledger_access(ledger_id), request.master_key
-        )
-        if admission.record_master_key:
-            self.storage.set_master_key(ledger_id, request.master_key)
-            self._journal_master_key(ledger_id, request.master_key)
-        self.storage.set_explicit_lac(ledger_id, request.last_add_confirmed)
-        record = journal_records.explicit_lac_record(ledger_id, request.last_add_confirmed)
-        response = protocol.WriteLacResponse(request.request_id, ledger_id).encode()
-        self._journal_then(
-            record, lambda: self._ok(request, connection, response), request, connection
-        )
-
-    def _list_entries(
-        self, request: protocol.GetListOfEntriesOfLedgerRequest, connection: BookieConnectionHandler
-    ) -> None:
-        availability = self.storage.availability(request.ledger_id)
-        response = protocol.GetListOfEntriesOfLedgerResponse(
-            request.request_id, request.ledger_id, availability.to_bytes()
-        )
-        self._ok(request, connection, response.encode())
-
-    def _ledger_info(
-        self, request: protocol.LedgerInfoRequest, connection: BookieConnectionHandler
-    ) -> None:
-        info = self.storage.ledger_info(request.ledger_id)
-        response = protocol.LedgerInfoResponse(request.request_id, request.ledger_id, info)
-        self._ok(request, connection, response.encode())
-
-    def _dump(
-        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
-    ) -> None:
-        connection.start_task(self._stream_dump(request, connection))
-
-    async def _stream_dump(
-        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
-    ) -> None:
-        """Every ledger with its availability, a frame at a time, pausing for the reader.
-
-        A failure midway (a ledger too large for a frame, a storage error) ends the stream
-        with an error response, so the reader is not left waiting for the rest."""
-        encoder = protocol.AvailabilityDumpEncoder(
-            request.request_id, budget=self.config.max_frame_size
-        )
-        try:
-            for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
-                frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
-                if frame is not None:
-                    connection.send(frame)
-                    await connection.writable()
-                if count % DUMP_LEDGERS_PER_TURN == 0:
-                    await asyncio.sleep(0)
-        except Exception as error:
-            self._raised(request, connection, error)
-            return
-        self._ok(request, connection, encoder.finish())
-
-    _handlers: ClassVar[dict[type, Callable[..., None]]] = {
-        protocol.AddRequest: _add,
-        protocol.ReadRequest: _read,
-        protocol.ReadLacRequest: _read_lac,
-        protocol.WriteLacRequest: _write_lac,
-        protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
-        protocol.LedgerInfoRequest: _ledger_info,
-        protocol.AvailabilityDumpRequest: _dump,
-    }
-
-
-class BookieConnectionHandler(asyncio.BufferedProtocol):
-    """One client connection: frames in, requests to the bookie, responses out.
-
-    Responses sent in one event-loop turn leave in one write: a group commit answers
-    hundreds of adds at once, and a send per answer was a sixth of the CPU of an add
-    (bench/bench_bookie.py, docs/benchmarks.md).
-    """
-
-    def __init__(self, bookie: Bookie) -> None:
-        self._bookie = bookie
-        self._reader = protocol.RequestReader(bookie.config.max_frame_size, bookie.receive_arenas)
-        self._transport: asyncio.Transport | None = None
-        self._peer = "?"
-        self._can_write = asyncio.Event()
-        self._can_write.set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._outbox: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._bookie._connections.add(self)
-        self._bookie.metrics.connections.inc()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._outbox.clear()
-        self._bookie._connections.discard(self)
-        self._bookie.metrics.connections.dec()
-        for task in self._tasks:
-            task.cancel()
-        if self._reader.pending_bytes:
-            # A frame cut short by the end of the stream is a malformed frame too.
-            self._bookie.metrics.malformed_frames.inc()
-            log.warning(
-                "connection from %s closed with %d bytes of an unfinished frame",
-                self._peer,
-                self._reader.pending_bytes,
-            )
-        self._reader.release()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._reader.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        try:
-            requests = self._reader.buffer_updated(nbytes)
-        except MalformedData as error:
-            log.warning("closing connection from %s: %s", self._peer, error)
-            self._bookie.metrics.malformed_frames.inc()
-            self.close()
-            return
-        for request in requests:
-            self._bookie.dispatch(request, self)
-
-    def send(self, frame: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._outbox.append(frame)
-            if len(self._outbox) == 1:
-                asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        frames, self._outbox = self._outbox, []
-        if frames and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(frames))
-
-    def pause_writing(self) -> None:
-        self._can_write.clear()
-
-    def resume_writing(self) -> None:
-        self._can_write.set()
-
-    async def writable(self) -> None:
-        self._flush()
-        await self._can_write.wait()
-        if self._transport is None:
-            raise asyncio.CancelledError
-
-    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._flush()
-            self._transport.close()
-
 
 RECEIVE_ARENA_SIZE = 1 << 20
 """A bookie's receive arenas: a 64 KiB frame that straddles two is copied into the next,
@@ -721,30 +396,17 @@ GC_YOUNG_THRESHOLD = 10_000
 
 def tune_garbage_collector() -> None:
     """Fit the cyclic garbage collector to a bookie process (call once it serves), which
-    allocates some ten objects per request and keeps a few of them until the journal has
-    synced them (measured in docs/benchmarks.md, bookie section).
+    allocates several objects per request and keeps a few of them until the journal has
+    synced them (docs/benchmarks.md, bookie section, has the figures).
 
     What start-up made (modules, classes, replayed state) lives as long as the process:
-    frozen, it is left out of the full collections, which otherwise walked it every few
-    tens of thousands of adds, pausing the event loop 50-130 ms each time. And collecting
-    the youngest generation every 10,000 allocations rather than 700 cuts the collector's
-    share of an add from about 1.1 us to 0.2. Process-wide, so `tally bookie` calls it,
-    not the Bookie class, which tests and tools also run inside processes of their own.
+    frozen, it is left out of the full collections, which would otherwise walk it again
+    and again, pausing the event loop each time. And the youngest generation, which every
+    request fills, is collected less often. Process-wide, so `tally bookie` calls it, not
+    the Bookie class, which tests and tools also run inside processes of their own.
     """
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-
-
-def _ignore(mark: JournalMark | None, error: Exception | None) -> None:
-    """A journal record nobody waits on (a master key: see `_journal_master_key`)."""
-
-
-def _operation_label(request: protocol.Request) -> str:
-    """The metrics' operation: a fencing read is counted as FENCE, apart from plain reads,
-    since fences are what recovery's progress and an old writer's refusals hang on."""
-    if isinstance(request, protocol.ReadRequest) and request.do_fencing:
-        return "FENCE"
-    return _OPERATION_NAMES[request.operation]
 
 
 def _placement(rack: str) -> BookiePlacement:

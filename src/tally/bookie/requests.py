@@ -1,0 +1,327 @@
+"""A bookie's request processing: each request checked, applied to the journal and the
+ledger storage, and answered, with the metrics counted.
+
+The add path runs without a coroutine per request, since it is what a bookie does most:
+admission (tally.core.admission), the entry into the write cache (which verifies the
+client's CRC32C first), a journal record (its header and the entry as two buffers), and
+the reply from the callback the journal calls when its group commit has fdatasync'ed the
+record. Look-ups that would otherwise run per request are made once, at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import ClassVar
+
+from tally.bookie import journal_records
+from tally.bookie.connection import BookieConnectionHandler
+from tally.bookie.journal import Journal
+from tally.bookie.journal_entries import kept_location
+from tally.bookie.journal_format import JournalMark
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.metrics import BookieMetrics
+from tally.core import protocol
+from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
+from tally.core.disk_usage import DiskState
+from tally.core.errors import BadRequest, TallyError, WriteFailed
+from tally.core.ids import LedgerId
+
+log = logging.getLogger(__name__)
+
+DUMP_LEDGERS_PER_TURN = 64
+"""AVAILABILITY_DUMP reads this many ledgers between two yields to the event loop."""
+
+_OPERATION_NAMES = {operation: operation.name for operation in protocol.Operation}
+"""An operation's name for the metrics, looked up once: an Enum's `name` per request is
+slow on the add path (docs/benchmarks.md, bookie section)."""
+
+
+class BookieRequestProcessor:
+    """Answers a started bookie's requests over its journal and ledger storage.
+
+    `disk` is the bookie's mode, by which writes are admitted; the bookie's life cycle
+    sets it, and `on_io_error` hears of a journal write that failed.
+    """
+
+    def __init__(
+        self,
+        bookie_id: str,
+        journal: Journal,
+        storage: LedgerStorage,
+        metrics: BookieMetrics,
+        disk: DiskState,
+        *,
+        keeps_entries: bool,
+        max_frame_size: int,
+        on_io_error: Callable[[str], None],
+    ) -> None:
+        self.bookie_id = bookie_id
+        self.journal = journal
+        self.storage = storage
+        self.metrics = metrics
+        self.disk = disk
+        self._keeps_entries = keeps_entries
+        """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
+        self._max_frame_size = max_frame_size
+        self._io_error = on_io_error
+        self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
+
+    def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
+        """Answer one request; errors become error responses, never a dropped connection."""
+        handler = self._handlers.get(type(request))
+        try:
+            if handler is None:
+                raise BadRequest(f"{request.operation.name} is not served by a bookie")
+            handler(self, request, connection)
+        except Exception as error:
+            self._raised(request, connection, error)
+
+    def _raised(
+        self, request: protocol.Request, connection: BookieConnectionHandler, error: Exception
+    ) -> None:
+        """Answer a request whose handling raised: a TallyError as itself, anything else
+        as an internal error, logged with its traceback."""
+        if not isinstance(error, TallyError):
+            log.error("bookie %s failed on %r", self.bookie_id, request, exc_info=error)
+            error = TallyError(f"internal error: {error!r}")
+        self._fail(request, connection, error)
+
+    def _count(self, request: protocol.Request, result: str) -> None:
+        self.metrics.requests.inc(_operation_label(request), result)
+
+    def _fail(
+        self, request: protocol.Request, connection: BookieConnectionHandler, error: TallyError
+    ) -> None:
+        self._count(request, type(error).__name__)
+        connection.send(protocol.ErrorResponse.answering(request, error).encode())
+
+    def _ok(
+        self, request: protocol.Request, connection: BookieConnectionHandler, frame: bytes
+    ) -> None:
+        self._count(request, "ok")
+        connection.send(frame)
+
+    def _journal_then(
+        self,
+        record: bytes,
+        done: Callable[[], None],
+        request: protocol.Request,
+        connection: BookieConnectionHandler,
+    ) -> None:
+        """Journal `record`; once it is durable call `done`, or answer with the failure."""
+        self.journal.append_then(record, b"", partial(self._journaled, done, request, connection))
+
+    def _journaled(
+        self,
+        done: Callable[[], None],
+        request: protocol.Request,
+        connection: BookieConnectionHandler,
+        _: JournalMark | None,
+        error: BaseException | None,
+    ) -> None:
+        if error is None:
+            try:
+                done()
+            except TallyError as failure:
+                self._fail(request, connection, failure)
+            return
+        self._journal_failed(request, connection, error)
+
+    def _journal_failed(
+        self, request: protocol.Request, connection: BookieConnectionHandler, error: BaseException
+    ) -> None:
+        if not isinstance(error, TallyError):
+            error = WriteFailed(f"journal write failed: {error!r}")
+        if isinstance(error, WriteFailed):
+            self._io_error(str(error))
+        self._fail(request, connection, error)
+
+    def _journal_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
+        """Journal a ledger's first master key. Nobody waits on it: the record that needs
+        it (entry, fence, LAC) is journaled right after, in the same or a later group
+        commit, so its reply already implies this one is durable, and its failure reports
+        the journal's."""
+        self.journal.append_then(
+            journal_records.master_key_record(ledger_id, master_key), b"", _ignore
+        )
+
+    def _add(self, request: protocol.AddRequest, connection: BookieConnectionHandler) -> None:
+        started = time.perf_counter()
+        admit_write(self.disk, self.bookie_id, recovery=request.recovery)
+        ledger_id = request.ledger_id
+        storage = self.storage
+        admission = admit_add(
+            ledger_id,
+            storage.ledger_access(ledger_id),
+            request.master_key,
+            recovery=request.recovery,
+        )
+        storage.add_entry(
+            ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
+        )
+        if admission.record_master_key:
+            storage.set_master_key(ledger_id, request.master_key)
+            self._journal_master_key(ledger_id, request.master_key)
+        head = journal_records.entry_record_head(
+            ledger_id, request.entry_id, request.last_add_confirmed, request.crc32c
+        )
+        self.journal.append_then(  # add_entry has just checked the entry's CRC32C
+            head, request.entry, partial(self._added, request, connection, started), request.crc32c
+        )
+
+    def _added(
+        self,
+        request: protocol.AddRequest,
+        connection: BookieConnectionHandler,
+        started: float,
+        mark: JournalMark | None,
+        error: Exception | None,
+    ) -> None:
+        """Acknowledge an add whose journal record is durable (or answer its failure)."""
+        if mark is None:
+            self._journal_failed(request, connection, error or WriteFailed("journal lost it"))
+            return
+        if self._keeps_entries:
+            location = kept_location(mark, len(request.entry), request.crc32c)
+            if location is not None:
+                self.storage.keep_in_journal(request.ledger_id, request.entry_id, location)
+        response = protocol.AddResponse(request.request_id, request.ledger_id, request.entry_id)
+        self._ok(request, connection, response.encode())
+        self.metrics.add_entry_seconds.observe(time.perf_counter() - started)
+
+    def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
+        started = time.perf_counter()
+        ledger_id = request.ledger_id
+
+        def answer() -> None:
+            _, data = self.storage.get_entry(ledger_id, request.entry_id)
+            response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
+            self._ok(request, connection, response.encode())
+            self.metrics.read_entry_seconds.observe(time.perf_counter() - started)
+
+        if request.master_key is None:
+            answer()
+            return
+        self._fence(request, request.master_key, answer, connection)
+
+    def _fence(
+        self,
+        request: protocol.ReadRequest,
+        master_key: bytes,
+        then: Callable[[], None],
+        connection: BookieConnectionHandler,
+    ) -> None:
+        """Fence the ledger durably, then run `then`: the fence is in the journal before
+        any reply, including replies to fencing reads racing a fence still in flight."""
+        ledger_id = request.ledger_id
+        admit_write(self.disk, self.bookie_id, recovery=True)
+        admission = admit_fencing_read(ledger_id, self.storage.ledger_access(ledger_id), master_key)
+        if admission.record_master_key:
+            self.storage.set_master_key(ledger_id, master_key)
+            self._journal_master_key(ledger_id, master_key)
+        if admission.record_fence:
+            self.storage.set_fenced(ledger_id)
+            future = self.journal.append_nowait(journal_records.fence_record(ledger_id))
+            self._pending_fences[ledger_id] = future
+            future.add_done_callback(lambda _: self._pending_fences.pop(ledger_id, None))
+        else:
+            pending = self._pending_fences.get(ledger_id)
+            if pending is None:
+                then()
+                return
+            future = pending
+        future.add_done_callback(
+            lambda done: self._journaled(then, request, connection, None, done.exception())
+        )
+
+    def _read_lac(
+        self, request: protocol.ReadLacRequest, connection: BookieConnectionHandler
+    ) -> None:
+        lac = self.storage.last_add_confirmed(request.ledger_id)
+        response = protocol.ReadLacResponse(request.request_id, request.ledger_id, lac)
+        self._ok(request, connection, response.encode())
+
+    def _write_lac(
+        self, request: protocol.WriteLacRequest, connection: BookieConnectionHandler
+    ) -> None:
+        ledger_id = request.ledger_id
+        admission = admit_write_lac(
+            ledger_id, self.storage.ledger_access(ledger_id), request.master_key
+        )
+        if admission.record_master_key:
+            self.storage.set_master_key(ledger_id, request.master_key)
+            self._journal_master_key(ledger_id, request.master_key)
+        self.storage.set_explicit_lac(ledger_id, request.last_add_confirmed)
+        record = journal_records.explicit_lac_record(ledger_id, request.last_add_confirmed)
+        response = protocol.WriteLacResponse(request.request_id, ledger_id).encode()
+        self._journal_then(
+            record, lambda: self._ok(request, connection, response), request, connection
+        )
+
+    def _list_entries(
+        self, request: protocol.GetListOfEntriesOfLedgerRequest, connection: BookieConnectionHandler
+    ) -> None:
+        availability = self.storage.availability(request.ledger_id)
+        response = protocol.GetListOfEntriesOfLedgerResponse(
+            request.request_id, request.ledger_id, availability.to_bytes()
+        )
+        self._ok(request, connection, response.encode())
+
+    def _ledger_info(
+        self, request: protocol.LedgerInfoRequest, connection: BookieConnectionHandler
+    ) -> None:
+        info = self.storage.ledger_info(request.ledger_id)
+        response = protocol.LedgerInfoResponse(request.request_id, request.ledger_id, info)
+        self._ok(request, connection, response.encode())
+
+    def _dump(
+        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
+    ) -> None:
+        connection.start_task(self._stream_dump(request, connection))
+
+    async def _stream_dump(
+        self, request: protocol.AvailabilityDumpRequest, connection: BookieConnectionHandler
+    ) -> None:
+        """Every ledger with its availability, a frame at a time, pausing for the reader.
+
+        A failure midway (a ledger too large for a frame, a storage error) ends the stream
+        with an error response, so the reader is not left waiting for the rest."""
+        encoder = protocol.AvailabilityDumpEncoder(request.request_id, budget=self._max_frame_size)
+        try:
+            for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
+                frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
+                if frame is not None:
+                    connection.send(frame)
+                    await connection.writable()
+                if count % DUMP_LEDGERS_PER_TURN == 0:
+                    await asyncio.sleep(0)
+        except Exception as error:
+            self._raised(request, connection, error)
+            return
+        self._ok(request, connection, encoder.finish())
+
+    _handlers: ClassVar[dict[type, Callable[..., None]]] = {
+        protocol.AddRequest: _add,
+        protocol.ReadRequest: _read,
+        protocol.ReadLacRequest: _read_lac,
+        protocol.WriteLacRequest: _write_lac,
+        protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
+        protocol.LedgerInfoRequest: _ledger_info,
+        protocol.AvailabilityDumpRequest: _dump,
+    }
+
+
+def _ignore(mark: JournalMark | None, error: Exception | None) -> None:
+    """A journal record nobody waits on (a master key: see `_journal_master_key`)."""
+
+
+def _operation_label(request: protocol.Request) -> str:
+    """The metrics' operation: a fencing read is counted as FENCE, apart from plain reads,
+    since fences are what recovery's progress and an old writer's refusals hang on."""
+    if isinstance(request, protocol.ReadRequest) and request.do_fencing:
+        return "FENCE"
+    return _OPERATION_NAMES[request.operation]
