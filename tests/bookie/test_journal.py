@@ -15,9 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -29,15 +29,11 @@ from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
+from tests.support.async_tests import run
 
-T = TypeVar("T")
 SMALL = {"preallocate_size": 4096}
 """Small preallocation, so that copying a journal for each damage case stays cheap."""
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coroutine, 60))
 
 
 async def write_journal(directory: Path, records: list[bytes], **options: Any) -> list[JournalMark]:

@@ -4,14 +4,13 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import socket
 import ssl
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -59,16 +58,6 @@ LEDGER = LedgerId(0, 7)
 WIDE = LedgerId(0xDEAD_BEEF, 0x1234)
 
 
-def run_async(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test in its own event loop, under a deadline."""
-
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), DEADLINE))
-
-    return wrapper
-
-
 def entry(ledger: LedgerId, entry_id: int, payload: bytes = b"payload") -> bytes:
     length = len(payload) + entry_id
     return encode_entry(ledger, entry_id, entry_id - 1, length, payload, DigestType.CRC32C)
@@ -93,7 +82,6 @@ def free_port() -> int:
 # --- requests and answers -------------------------------------------------------------------
 
 
-@run_async
 async def test_add_then_read_back_each_entry_and_the_last() -> None:
     async with connected() as (bookie, connection):
         entries = [entry(WIDE, i, bytes([i]) * i) for i in range(5)]
@@ -105,7 +93,6 @@ async def test_add_then_read_back_each_entry_and_the_last() -> None:
         assert all(isinstance(r, AddRequest) and r.master_key == KEY for r in bookie.received[:5])
 
 
-@run_async
 async def test_add_nowait_resolves_to_none_and_sends_the_crc_and_recovery_flag() -> None:
     async with connected() as (bookie, connection):
         data = entry(LEDGER, 0)
@@ -119,7 +106,6 @@ async def test_add_nowait_resolves_to_none_and_sends_the_crc_and_recovery_flag()
         request.verify_crc()
 
 
-@run_async
 async def test_lac_ledger_info_and_list_of_entries() -> None:
     async with connected() as (bookie, connection):
         assert await connection.read_lac(LEDGER) == -1
@@ -134,7 +120,6 @@ async def test_lac_ledger_info_and_list_of_entries() -> None:
         assert info == LedgerInfo(False, 41, 4, sizes)
 
 
-@run_async
 async def test_fencing_read_carries_the_key_and_fences() -> None:
     async with connected() as (bookie, connection):
         await connection.add(entry(LEDGER, 0), KEY)
@@ -148,7 +133,6 @@ async def test_fencing_read_carries_the_key_and_fences() -> None:
         assert (await connection.ledger_info(LEDGER)).fenced
 
 
-@run_async
 async def test_pipelined_adds_resolve_in_the_order_the_bookie_answers() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -165,7 +149,6 @@ async def test_pipelined_adds_resolve_in_the_order_the_bookie_answers() -> None:
             assert {i for i, f in enumerate(futures) if f.done()} == answered
 
 
-@run_async
 async def test_request_ids_count_up_per_connection() -> None:
     async with connected() as (bookie, connection):
         await asyncio.gather(*(connection.read_lac(LEDGER) for _ in range(5)))
@@ -190,7 +173,6 @@ async def test_request_ids_count_up_per_connection() -> None:
         TooManyRequests,
     ],
 )
-@run_async
 async def test_error_responses_raise_the_bookies_typed_error(error: type[TallyError]) -> None:
     async with connected() as (bookie, connection):
         message = f"ledger {LEDGER}: the bookie says {error.__name__} (é)"
@@ -211,7 +193,6 @@ async def test_error_responses_raise_the_bookies_typed_error(error: type[TallyEr
         assert await connection.read_lac(LedgerId(0, 8)) == -1
 
 
-@run_async
 async def test_bad_arguments_raise_bad_request_and_send_nothing() -> None:
     async with connected() as (bookie, connection):
         with pytest.raises(BadRequest, match="master key"):
@@ -228,7 +209,6 @@ async def test_bad_arguments_raise_bad_request_and_send_nothing() -> None:
         assert len(bookie.received) == 1
 
 
-@run_async
 async def test_frames_over_the_size_limit() -> None:
     async with connected(max_frame_size=1024) as (bookie, connection):
         with pytest.raises(BadRequest, match="exceeds"):
@@ -238,7 +218,6 @@ async def test_frames_over_the_size_limit() -> None:
             await connection.read(LEDGER, 0)
 
 
-@run_async
 async def test_answers_to_cancelled_requests_are_dropped() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -265,7 +244,6 @@ def dump_records(count: int) -> list[LedgerAvailability]:
     ]
 
 
-@run_async
 async def test_dump_streams_every_record_across_frames() -> None:
     async with connected() as (bookie, connection):
         bookie.dump = dump_records(200)
@@ -275,7 +253,6 @@ async def test_dump_streams_every_record_across_frames() -> None:
         assert [record async for record in connection.availability_dump()] == []
 
 
-@run_async
 async def test_dump_reading_pauses_while_the_consumer_lags() -> None:
     async with connected() as (bookie, connection):
         bookie.dump = dump_records(2000)
@@ -293,7 +270,6 @@ async def test_dump_reading_pauses_while_the_consumer_lags() -> None:
         assert bookie.dump_frames > 10 * STREAM_BACKLOG
 
 
-@run_async
 async def test_dump_left_early_leaves_the_connection_usable() -> None:
     async with connected() as (bookie, connection):
         bookie.dump = dump_records(2000)
@@ -307,7 +283,6 @@ async def test_dump_left_early_leaves_the_connection_usable() -> None:
         assert not connection.closed
 
 
-@run_async
 async def test_dump_error_after_some_frames() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -333,7 +308,6 @@ async def test_dump_error_after_some_frames() -> None:
 # --- timeouts -------------------------------------------------------------------------------
 
 
-@run_async
 async def test_timeout_then_the_late_answer_is_dropped() -> None:
     async with connected(request_timeout=0.3) as (bookie, connection):
         bookie.hold = True
@@ -353,7 +327,6 @@ async def test_timeout_then_the_late_answer_is_dropped() -> None:
         assert not connection.closed
 
 
-@run_async
 async def test_a_lagging_dump_consumer_is_not_a_timeout() -> None:
     async with connected(request_timeout=0.1) as (bookie, connection):
         bookie.dump = dump_records(2000)
@@ -365,7 +338,6 @@ async def test_a_lagging_dump_consumer_is_not_a_timeout() -> None:
         assert records == bookie.dump
 
 
-@run_async
 async def test_timeout_of_reads_and_dumps() -> None:
     async with connected(request_timeout=0.1) as (bookie, connection):
         bookie.hold = True
@@ -397,7 +369,6 @@ async def assert_all_unavailable(futures: list[asyncio.Future[Any]], cause: str)
             await future
 
 
-@run_async
 async def test_bookie_closing_fails_every_pending_request() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -408,7 +379,6 @@ async def test_bookie_closing_fails_every_pending_request() -> None:
         assert connection.closed
 
 
-@run_async
 async def test_closed_connection_refuses_new_requests_at_once() -> None:
     async with connected() as (bookie, connection):
         bookie.disconnect()
@@ -428,7 +398,6 @@ async def test_closed_connection_refuses_new_requests_at_once() -> None:
         assert len(bookie.received) == sent
 
 
-@run_async
 async def test_bookie_closing_mid_frame() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -442,7 +411,6 @@ async def test_bookie_closing_mid_frame() -> None:
         await assert_all_unavailable(pending, "middle of a response .60 bytes")
 
 
-@run_async
 async def test_garbage_fails_everything_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -466,7 +434,6 @@ async def test_garbage_fails_everything_and_is_logged(caplog: pytest.LogCaptureF
         (lambda held: AddResponse(held.request_id, WIDE, 0).encode(), "does not answer"),
     ],
 )
-@run_async
 async def test_answers_that_match_no_request_close_the_connection(
     answer: Callable[[Request], bytes], cause: str
 ) -> None:
@@ -478,7 +445,6 @@ async def test_answers_that_match_no_request_close_the_connection(
         await assert_all_unavailable(pending, cause)
 
 
-@run_async
 async def test_close_fails_pending_requests() -> None:
     async with connected() as (bookie, connection):
         bookie.hold = True
@@ -491,7 +457,6 @@ async def test_close_fails_pending_requests() -> None:
         await connection.close()
 
 
-@run_async
 async def test_close_does_not_wait_for_a_bookie_that_stopped_reading() -> None:
     async with connected() as (bookie, connection):
         await connection.read_lac(LEDGER)
@@ -507,7 +472,6 @@ async def test_close_does_not_wait_for_a_bookie_that_stopped_reading() -> None:
 # --- connecting -----------------------------------------------------------------------------
 
 
-@run_async
 async def test_connect_refused() -> None:
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(BookieUnavailable, match=rf"bookie {address}: cannot connect"):
@@ -517,13 +481,11 @@ async def test_connect_refused() -> None:
 @pytest.mark.parametrize(
     "address", ["localhost", "localhost:", ":3181", "host:0", "host:65536", "host:x1", "[::1]"]
 )
-@run_async
 async def test_bad_address(address: str) -> None:
     with pytest.raises(BadRequest, match="host:port"):
         await BookieConnection.connect(address)
 
 
-@run_async
 async def test_bad_options() -> None:
     with pytest.raises(BadRequest, match="needs ssl"):
         await BookieConnection.connect("127.0.0.1:1", server_hostname="bookie.test")
@@ -531,7 +493,6 @@ async def test_bad_options() -> None:
         await BookieConnection.connect("127.0.0.1:1", request_timeout=0)
 
 
-@run_async
 async def test_ipv6_address() -> None:
     bookie = FakeBookie()
     loop = asyncio.get_running_loop()
@@ -588,7 +549,6 @@ def server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
     return context
 
 
-@run_async
 async def test_tls_round_trip(certificate: tuple[Path, Path]) -> None:
     async with fake_bookie(server_context(certificate)) as bookie:
         client = ssl.create_default_context(cafile=certificate[0])
@@ -608,7 +568,6 @@ async def test_tls_round_trip(certificate: tuple[Path, Path]) -> None:
             await connection.close()
 
 
-@run_async
 async def test_tls_with_an_untrusted_certificate(certificate: tuple[Path, Path]) -> None:
     async with fake_bookie(server_context(certificate)) as bookie:
         with pytest.raises(BookieUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
@@ -620,7 +579,6 @@ async def test_tls_with_an_untrusted_certificate(certificate: tuple[Path, Path])
             await BookieConnection.connect(bookie.address, ssl=trusting)
 
 
-@run_async
 async def test_connect_timeout_when_the_handshake_never_ends() -> None:
     with socket.socket() as silent:  # accepts TCP connections (backlog) but never speaks
         silent.bind(("127.0.0.1", 0))
@@ -637,7 +595,6 @@ async def test_connect_timeout_when_the_handshake_never_ends() -> None:
 # --- flow control ---------------------------------------------------------------------------
 
 
-@run_async
 async def test_requests_wait_while_the_transport_is_paused() -> None:
     async with connected() as (bookie, connection):
         connection.pause_writing()
@@ -653,7 +610,6 @@ async def test_requests_wait_while_the_transport_is_paused() -> None:
         assert [type(r) for r in bookie.received] == [AddRequest, ReadLacRequest]
 
 
-@run_async
 async def test_adds_complete_through_real_backpressure() -> None:
     async with connected() as (bookie, connection):
         await connection.read_lac(LEDGER)
