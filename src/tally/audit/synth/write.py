@@ -22,7 +22,7 @@ from tally.core.ledger_audit import Category
 from tally.version import __version__
 
 CHUNK_LEDGERS = 100_000
-"""Ledgers generated at once: bounds memory (a few hundred MB) and is one row group."""
+"""Ledgers generated at once: bounds memory and is one row group."""
 PART_LEDGERS = 2_500_000
 """Ledgers per Parquet part: a few files per dataset, each of many row groups."""
 
