@@ -174,9 +174,8 @@ def _shape(
     state = np.where(kind < OPEN_SHARE, 1, np.where(kind < OPEN_SHARE + RECOVERY_SHARE, 2, 0))
     empty = (state == 0) & (kind < OPEN_SHARE + RECOVERY_SHARE + EMPTY_SHARE)
     mix = rng.choice(len(patterns.weights), count, p=patterns.weights)
-    entries = np.minimum(
-        MAX_ENTRIES, np.ceil(10 ** rng.exponential(SIZE_SCALE, count)).astype(np.int64)
-    )
+    sizes = np.minimum(10 ** rng.exponential(SIZE_SCALE, count), MAX_ENTRIES)
+    entries = np.ceil(sizes).astype(np.int64)  # capped first: past int64 a cast wraps around
     entries[empty] = 0
     segment_count = np.minimum(
         1 + np.minimum(rng.poisson(MEAN_ENSEMBLE_CHANGES, count), MAX_SEGMENTS - 1),
