@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -26,6 +27,7 @@ from tally.audit.synth import (
     parse_faults,
     synthesize,
 )
+from tally.audit.synth.healthy import MAX_ENTRIES
 from tally.core.availability import EntryAvailability
 from tally.core.durability import check_ledger
 from tally.core.errors import BadRequest
@@ -277,6 +279,28 @@ def test_a_snapshot_without_faults_has_no_findings(tmp_path: Path) -> None:
     assert not any(_truth(out)["categories"].values())
     assert not _truth(out)[Category.OVER_REPLICATED.value]
     assert progress[-1] == ("ledgers", 2500, 2500)
+
+
+def test_a_size_drawn_past_int64_is_capped_not_wrapped(tmp_path: Path) -> None:
+    # Seed 3 draws 10^19.2 entries for ledger 60,826 of the first chunk of 100,000: more than
+    # an int64 holds, so a cast before the cap would wrap it to a negative count.
+    out = tmp_path / "heavy"
+    synthesize(out, ledgers=100_000, bookies=6, racks=3, seed=3)
+    ledger_id = 2 * 60_826
+    ledgers = _read(out, schema.LEDGERS)
+    (ledger,) = ledgers.filter(pc.equal(ledgers["ledger_id"], ledger_id)).to_pylist()
+    assert ledger["state"] == "CLOSED"
+    assert ledger["last_entry_id"] == MAX_ENTRIES - 1
+    assert ledger["length"] >= MAX_ENTRIES
+    segments = _read(out, schema.SEGMENTS)
+    rows = segments.filter(pc.equal(segments["ledger_id"], ledger_id)).to_pylist()
+    metadata = metadata_of(ledger, rows)
+    availability = _read(out, schema.AVAILABILITY)
+    held = {
+        row["bookie_id"]: EntryAvailability.from_bytes(row["availability"])
+        for row in availability.filter(pc.equal(availability["ledger_id"], ledger_id)).to_pylist()
+    }
+    assert check_ledger(metadata, held).category is None
 
 
 def test_an_empty_snapshot_still_has_every_schema(tmp_path: Path) -> None:

@@ -1,0 +1,91 @@
+"""A ledger's rows in the snapshot, made into what `audit_ledger` takes (stand-in metadata,
+decoded reports), and the findings of rows that cannot be judged, worded once for the pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tally.audit import schema
+from tally.core.availability import EntryAvailability
+from tally.core.digest import MASTER_KEY_SIZE, DigestType
+from tally.core.errors import BadRequest, MalformedData
+from tally.core.ids import LedgerId
+from tally.core.ledger_audit import Category, Violation
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+
+_STANDIN_MASTER_KEY = bytes(MASTER_KEY_SIZE)
+
+
+def standin_metadata(
+    ensemble_size: int,
+    write_quorum: int,
+    ack_quorum: int,
+    last: int,
+    length: int,
+    segments: Sequence[tuple[int, tuple[str, ...]]],
+) -> LedgerMetadata:
+    """The ledger's metadata as far as the audit reads it; what the snapshot does not carry
+    (digest, master key, creator) is a stand-in. BadRequest if the rows make no valid
+    ledger."""
+    return LedgerMetadata(
+        state=LedgerState.CLOSED,
+        ensemble_size=ensemble_size,
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        segments=tuple(Segment(first, ensemble) for first, ensemble in segments),
+        digest_type=DigestType.CRC32C,
+        master_key=_STANDIN_MASTER_KEY,
+        ctime_ms=0,
+        creator_token=b"",
+        last_entry_id=last,
+        length=length,
+    )
+
+
+def invalid_metadata(scope: int, ledger_id: int, error: BadRequest) -> Violation:
+    """The finding of a ledger whose snapshot rows make no valid ledger: it is not judged,
+    and the job goes on with the others."""
+    return Violation(
+        Category.INVALID_METADATA,
+        None,
+        None,
+        None,
+        f"the snapshot's rows of {ledger_name(scope, ledger_id)} make no valid ledger, so it "
+        f"is not judged: {error}",
+    )
+
+
+def decoded(
+    metadata: LedgerMetadata, reports: Sequence[tuple[str, bytes]], responded: frozenset[str]
+) -> tuple[dict[str, EntryAvailability], dict[str, str]]:
+    """The availability map `audit_ledger` takes, and why some reports did not decode.
+
+    Responding bookies of the ledger with no report hold nothing; duplicate reports of one
+    bookie are united; a report that does not decode counts as no answer.
+    """
+    availability = {bookie: EntryAvailability.empty() for bookie in metadata.bookies() & responded}
+    undecodable: dict[str, str] = {}
+    for bookie, report in reports:
+        try:
+            held = EntryAvailability.from_bytes(report)
+        except MalformedData as exc:
+            undecodable[bookie] = f"its report does not decode: {exc}"
+            continue
+        availability[bookie] = availability.get(bookie, EntryAvailability.empty()).union(held)
+    for bookie in undecodable:
+        availability.pop(bookie, None)
+    return availability, undecodable
+
+
+def orphan(bookie: str, held: int | None, what: str) -> Violation:
+    return Violation(
+        Category.ORPHAN_DATA,
+        None,
+        bookie,
+        held,
+        f"bookie {bookie} holds {what}, a ledger the metadata does not have",
+    )
+
+
+def ledger_name(scope: int, ledger_id: int) -> str:
+    return f"ledger {LedgerId(schema.from_int64(scope), schema.from_int64(ledger_id))}"
