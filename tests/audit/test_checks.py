@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from tally.audit import schema
-from tally.audit.checks import Cluster, run_audit
+from tally.audit.checks import BookiesView, run_audit
 from tally.audit.synth import ledger_key, synthesize
 from tally.cli.audit import app, parse_duration
 from tally.cli.main import app as tally_app
@@ -264,10 +264,10 @@ def test_the_cluster_racks_are_those_of_registered_bookies() -> None:
     (named by an old ensemble) brings no rack of its own to the cluster."""
     gone = {"bookie_id": "b9", "rack": "/gone", "state": "unregistered", "responded": False}
     table = pa.Table.from_pylist([*BOOKIE_ROWS, gone], schema=schema.BOOKIES_SCHEMA)
-    assert Cluster.of(table).cluster_racks == 3
+    assert BookiesView.of(table).cluster_racks == 3
     read_only = {"bookie_id": "b9", "rack": "/r9", "state": "readonly", "responded": True}
     table = pa.Table.from_pylist([*BOOKIE_ROWS, read_only], schema=schema.BOOKIES_SCHEMA)
-    assert Cluster.of(table).cluster_racks == 4
+    assert BookiesView.of(table).cluster_racks == 4
 
 
 def test_the_grace_period_and_min_racks_change_the_verdict(

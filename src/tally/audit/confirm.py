@@ -28,7 +28,6 @@ import logging
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 
 from tally.audit import schema
 from tally.audit.config import DEFAULT_GRACE_PERIOD
-from tally.audit.snapshot import DatasetWriter, write_json
+from tally.audit.snapshot import DatasetWriter, Progress, write_json
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
@@ -60,7 +59,6 @@ from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, int, int | None], None]
 
 CONFIRMED = "confirmed"
 CONFIRMED_JSON = "confirmed.json"

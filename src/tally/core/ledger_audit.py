@@ -32,6 +32,7 @@ from tally.core.availability import (
     MAX_ENTRY_ID,
     VERSION,
     EntryAvailability,
+    Int64Array,
 )
 from tally.core.durability import DurabilityCategory, LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
@@ -368,7 +369,6 @@ def _entries(entries: Iterable[int]) -> str:
 # metadata that is not valid) is left to `audit_ledger`.
 
 BoolArray = npt.NDArray[np.bool_]
-Int64Array = npt.NDArray[np.int64]
 
 _GROUP_DTYPE = np.dtype([("first", ">i8"), ("last", ">i8"), ("size", ">i4"), ("period", ">i4")])
 _RUNS_CHECKED = 8

@@ -20,15 +20,15 @@ apart, to over_replicated/, with their entries and estimated bytes; the summary 
 apart too (`over_replication`), since they never lower durability.
 
 The modules: session.py (the Spark session), job.py (`run_audit` and the combined stream),
-auditor.py (the pass: `LedgerAuditor` and the `Cluster` it carries), ledger_rows.py (a
+auditor.py (the pass: `LedgerAuditor` and the `BookiesView` it carries), ledger_rows.py (a
 ledger's rows made into what `audit_ledger` takes, and the findings of rows it cannot
 judge) and results.py (the findings written apart and counted).
 """
 
 from __future__ import annotations
 
-from tally.audit.checks.auditor import Cluster
+from tally.audit.checks.auditor import BookiesView
 from tally.audit.checks.job import combined_stream, run_audit
 from tally.audit.checks.session import spark_session
 
-__all__ = ["Cluster", "combined_stream", "run_audit", "spark_session"]
+__all__ = ["BookiesView", "combined_stream", "run_audit", "spark_session"]

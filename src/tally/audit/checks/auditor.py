@@ -43,7 +43,7 @@ FINDINGS_SCHEMA = schema.VIOLATIONS_SCHEMA.append(pa.field("byte_count", pa.int6
 
 
 @dataclass(frozen=True)
-class Cluster:
+class BookiesView:
     """What every task needs of the bookies table, small enough to travel with the task:
     racks by id, and per bookie code (an index into `ids`; one more code stands for any
     bookie the table does not name) whether it responded, has a valid id, and its rack."""
@@ -57,7 +57,7 @@ class Cluster:
     rack_by_code: np.ndarray
 
     @classmethod
-    def of(cls, bookies: pa.Table) -> Cluster:
+    def of(cls, bookies: pa.Table) -> BookiesView:
         rows = sorted(bookies.to_pylist(), key=lambda row: row["bookie_id"])
         racks = {row["bookie_id"]: row["rack"] for row in rows}
         unregistered = schema.BookieState.UNREGISTERED.value
@@ -97,7 +97,7 @@ class LedgerAuditor:
     """
 
     def __init__(
-        self, cluster: Cluster, *, grace_period_ms: int, min_racks: int, now_ms: int
+        self, cluster: BookiesView, *, grace_period_ms: int, min_racks: int, now_ms: int
     ) -> None:
         self.cluster = cluster
         self.grace_period_ms = grace_period_ms

@@ -19,7 +19,7 @@ from tally.audit.checks.auditor import (
     FINDINGS_SCHEMA,
     PART_AVAILABILITY,
     PART_LEDGER,
-    Cluster,
+    BookiesView,
     LedgerAuditor,
 )
 from tally.audit.checks.results import category_counts, over_replication_totals, write_findings
@@ -62,7 +62,7 @@ def run_audit(
 
     mark = time.perf_counter()
     bookies = _read(spark, snapshot, schema.BOOKIES).toArrow()
-    cluster = Cluster.of(bookies)
+    cluster = BookiesView.of(bookies)
     ledgers = _read(spark, snapshot, schema.LEDGERS)
     checked = ledgers.where(_audited(ledgers)).count()
     timings["read"] = time.perf_counter() - mark
