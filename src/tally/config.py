@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tally.core.errors import BadRequest
+from tally.core.errors import BadRequest, BadSetting
 
 T = TypeVar("T")
 
@@ -31,15 +31,6 @@ _FALSE = {"0", "false", "no", "off"}
 
 METADATA_VARIABLE = "TALLY_METADATA"
 """The metadata store URI for every command that has none given otherwise."""
-
-
-class BadSetting(BadRequest):
-    """A config's own check refused the value of `setting`; `load` adds where it came from."""
-
-    def __init__(self, setting: str, problem: str) -> None:
-        super().__init__(f"{setting}: {problem}")
-        self.setting = setting
-        self.problem = problem
 
 
 def check(condition: bool, setting: str, problem: str) -> None:

@@ -6,6 +6,7 @@ They are defined in `tally.core.errors` so that the pure core can raise them too
 from tally.core.errors import (
     BadDigest,
     BadRequest,
+    BadSetting,
     BookieUnavailable,
     ClusterNotInitialised,
     CookieMismatch,
@@ -41,6 +42,7 @@ from tally.core.errors import (
 __all__ = [
     "BadDigest",
     "BadRequest",
+    "BadSetting",
     "BookieUnavailable",
     "ClusterNotInitialised",
     "CookieMismatch",

@@ -15,11 +15,11 @@ from tally.bookie.journal import (
     DEFAULT_PREALLOCATE_SIZE,
 )
 from tally.bookie.journal_format import HEADER_SIZE
-from tally.config import BadSetting, check
+from tally.config import check
 from tally.core import protocol
 from tally.core.addresses import split_host_port
 from tally.core.disk_usage import DEFAULT_LOW_WATER_MARK, DEFAULT_USAGE_THRESHOLD
-from tally.core.errors import BadRequest
+from tally.core.errors import BadRequest, BadSetting
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
 

@@ -29,6 +29,17 @@ class MalformedData(BadRequest):
     code = 16
 
 
+class BadSetting(BadRequest):
+    """A config refused the value of `setting` (tally.config.load adds where it came from)."""
+
+    code = 19
+
+    def __init__(self, setting: str = "", problem: str = "") -> None:
+        super().__init__(f"{setting}: {problem}" if problem else setting)
+        self.setting = setting
+        self.problem = problem
+
+
 class BadDigest(TallyError):
     """An entry's digest does not match its bytes: corruption on the wire or at rest."""
 
