@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
+from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
-from tally.core.limbo import LimboVerdict, check_limbo
+from tally.core.limbo import LimboVerdict, check_limbo, ledgers_to_limbo
 from tally.core.schedule import write_set
 
 BOOKIES = ("a", "b", "c", "d", "e")
@@ -86,3 +87,17 @@ def test_a_bookie_outside_every_ensemble_owes_nothing() -> None:
     metadata = ledger([(0, ("a", "b", "c"))], 3, 10)
     check = check_limbo(metadata, "z", EntryAvailability.empty())
     assert check.verdict is LimboVerdict.WHOLE
+
+
+def test_the_ledgers_of_a_damaged_file_go_into_limbo() -> None:
+    a, b, c = LedgerId(0, 1), LedgerId(0, 2), LedgerId(5, 3)
+    by_file = {1: {a}, 2: {b}, 3: {c}}
+    everything = [a, b, c, LedgerId(0, 9)]
+    assert ledgers_to_limbo({2}, by_file, lambda: everything) == {b}
+    assert ledgers_to_limbo({1, 3}, by_file, lambda: everything) == {a, c}
+    assert ledgers_to_limbo(set(), by_file, lambda: everything) == set()
+
+
+def test_a_damaged_file_with_no_intact_record_puts_every_known_ledger_in_limbo() -> None:
+    a, b = LedgerId(0, 1), LedgerId(0, 2)
+    assert ledgers_to_limbo({1, 7}, {1: {a}}, lambda: [a, b]) == {a, b}

@@ -1,10 +1,8 @@
 """The ledgers in limbo on one bookie: which enter at start-up, and the watch that lets them out.
 
 A journal replay that finds damage (a stretch of acknowledged records that no longer reads)
-cannot know which records it lost. Every ledger with a record in a damaged file after the
-last checkpoint may have lost one, so each goes into limbo (ledger_storage.py), fenced and
-answering "unknown" for what it lacks. If no intact record of a damaged file names any
-ledger, nothing narrows it down, and every ledger the bookie knows goes into limbo.
+cannot know which records it lost; `tally.core.limbo.ledgers_to_limbo` says which ledgers
+go into limbo (ledger_storage.py), fenced and answering "unknown" for what they lack.
 
 The watch then looks at each ledger in limbo every `limbo_check_interval` seconds and lets
 `tally.core.limbo` judge it against its metadata: a closed ledger whose entries this bookie
@@ -17,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection
 
-from tally.bookie.journal_format import Damage
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
@@ -32,22 +29,6 @@ log = logging.getLogger(__name__)
 
 SHOWN_LEDGERS = 20
 """Ledgers named one by one in the start-up log line."""
-
-
-def ledgers_to_limbo(
-    damage: Collection[Damage],
-    ledgers_by_file: Mapping[int, Collection[LedgerId]],
-    known_ledgers: Callable[[], Iterable[LedgerId]],
-) -> set[LedgerId]:
-    """The ledgers that a replay with `damage` may have lost records of (see the module
-    docstring); `ledgers_by_file` names the ledgers of the records replayed from each file."""
-    limbo: set[LedgerId] = set()
-    for file_id in {d.file_id for d in damage}:
-        named = ledgers_by_file.get(file_id, ())
-        if not named:
-            return set(known_ledgers())
-        limbo.update(named)
-    return limbo
 
 
 def describe(ledger_ids: Collection[LedgerId]) -> str:

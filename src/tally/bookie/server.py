@@ -31,7 +31,7 @@ from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
-from tally.bookie.limbo import LimboWatch, describe, ledgers_to_limbo
+from tally.bookie.limbo import LimboWatch, describe
 from tally.bookie.metrics import BookieMetrics
 from tally.bookie.requests import BookieRequestProcessor
 from tally.core import protocol
@@ -43,6 +43,7 @@ from tally.core.errors import (
     WriteFailed,
 )
 from tally.core.ids import LedgerId
+from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
@@ -256,7 +257,9 @@ class Bookie:
             count += 1
         damage = self.journal.damage
         if damage:
-            limbo = ledgers_to_limbo(damage, ledgers_by_file, self.storage.known_ledgers)
+            limbo = ledgers_to_limbo(
+                {d.file_id for d in damage}, ledgers_by_file, self.storage.known_ledgers
+            )
             self.storage.enter_limbo(limbo)
             log.error(
                 "bookie %s: its journal is damaged (%s): %d ledger(s) that may have lost "
