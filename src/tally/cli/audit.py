@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tally.audit import schema
 from tally.audit.config import AuditConfig
 from tally.cli.options import ConfigFile, Metadata, required_metadata
 from tally.config import load
@@ -97,6 +96,7 @@ def run(
     """
     from pyspark.sql import SparkSession
 
+    from tally.audit import schema
     from tally.audit.checks import run_audit, spark_session
 
     settings = _settings(
@@ -229,6 +229,8 @@ def _progress() -> Iterator[Callable[[str, int, int | None], None]]:
 
 def _run_params(report: Path) -> dict[str, Any]:
     """The parameters a run recorded in its summary.json, if it can be read."""
+    from tally.audit import schema
+
     try:
         params = json.loads((report / schema.SUMMARY_JSON).read_text()).get("params", {})
     except (OSError, ValueError, AttributeError):
