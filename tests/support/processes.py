@@ -7,6 +7,7 @@ SIGKILL, SIGSTOP or SIGTERM it exactly as an operator's incident would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -15,8 +16,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tally.metadata.cluster import init_cluster as init_cluster_in
+from tally.metadata.stores import open_store
 
 READY_TIMEOUT = 30.0
 
@@ -39,10 +44,18 @@ def tally(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]
 
 
 def init_cluster(root: Path) -> str:
-    """A new cluster on a sqlite store under `root`; returns its metadata URI."""
+    """A new cluster on a sqlite store under `root`; returns its metadata URI. Made in this
+    process (tests/cli tests `tally cluster init` itself), in a thread of its own, so that
+    async tests may call it too."""
     uri = f"sqlite:///{root / 'meta.db'}"
-    result = tally("cluster", "init", "--metadata", uri)
-    assert result.returncode == 0, result.stderr
+    root.mkdir(parents=True, exist_ok=True)
+
+    async def init() -> None:
+        async with open_store(uri) as store:
+            await init_cluster_in(store)
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, init()).result()
     return uri
 
 
