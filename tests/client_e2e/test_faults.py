@@ -80,6 +80,9 @@ async def test_bookie_killed_mid_stream_writer_changes_ensemble(healthy: Cluster
             if len(tasks) % 100 == 0:
                 await asyncio.sleep(0.005)  # a steady stream rather than one burst
             if len(tasks) == 800:
+                # Mid-stream: after some adds were acknowledged, so the new ensemble starts
+                # a segment of its own (before any, it would take the first one's place).
+                await until(lambda: acked >= 100, "the first acknowledgements")
                 cluster.kill(victim)
         assert await asyncio.gather(*tasks) == list(range(2500))
         # Acknowledged by the other two, the adds may all be done before the writer hears
