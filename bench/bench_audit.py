@@ -39,8 +39,9 @@ from tally.audit import schema
 from tally.audit.checks import combined_stream, run_audit, spark_session
 from tally.audit.synth import GRACE_PERIOD_MS, MIN_RACKS, NOW_MS, synthesize
 from tally.core.availability import EntryAvailability
+from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
 from tally.core.digest import DigestType
-from tally.core.ledger_audit import LedgerColumns, audit_ledger, clean_ledgers
+from tally.core.ledger_audit import audit_ledger
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
 from tally.core.schedule import expected_entries
 

@@ -11,16 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
+from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
 from tally.core.digest import DigestType
 from tally.core.durability import DurabilityCategory
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import (
     VIOLATION_CATEGORIES,
     Category,
-    LedgerColumns,
     Violation,
     audit_ledger,
-    clean_ledgers,
     marked_too_long,
     potentially_faulty,
 )

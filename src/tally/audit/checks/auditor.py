@@ -24,12 +24,11 @@ from tally.audit.checks.ledger_rows import (
     standin_metadata,
 )
 from tally.core.availability import EntryAvailability
+from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ledger_audit import (
-    LedgerColumns,
     Violation,
     audit_ledger,
-    clean_ledgers,
     potentially_faulty,
 )
 from tally.core.ledger_metadata import Segment
