@@ -499,6 +499,16 @@ async def test_the_ledger_check_marks_unreachable_bookies_but_leaves_lost_ones_t
             assert lost_state(auditor) == {B3: "pending"}
 
 
+async def test_the_spark_pipeline_s_summary_counts_as_the_check_s_findings() -> None:
+    async def spark_mode() -> object:  # what SparkReplicasCheck returns: a summary dict
+        return {"counts": {"no_replica": 2, "below_write_quorum": 3}, "marked": 2}
+
+    settings = config(auditor_replicas_check_interval=HOUR)
+    async with harness() as h, h.auditor(settings, replicas_check=spark_mode) as (auditor, _, _):
+        await until(lambda: last_runs(auditor)["replicas_check"])
+        assert auditor.status()["checks"]["replicas_check"]["last_findings"] == 5
+
+
 async def test_a_failing_check_is_retried_later_and_the_others_go_on() -> None:
     calls: list[float] = []
 

@@ -555,7 +555,10 @@ class Auditor:
         findings = getattr(report, "findings", None)
         if isinstance(findings, tuple | list):
             return len(findings)
-        counts = getattr(report, "counts", None)
+        # The online check's report has `counts`; the Spark pipeline's summary is a dict.
+        counts = (
+            report.get("counts") if isinstance(report, Mapping) else getattr(report, "counts", None)
+        )
         if isinstance(counts, Mapping):
             return sum(int(value) for value in counts.values())
         return None
