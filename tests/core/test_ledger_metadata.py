@@ -19,6 +19,7 @@ from tally.core.errors import (
     BadRequest,
     InvalidMetadataTransition,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
     MalformedData,
     Unauthorized,
@@ -27,6 +28,7 @@ from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import (
     FORMAT_VERSION,
     INT64_MAX,
+    Deletion,
     LedgerMetadata,
     LedgerState,
     Segment,
@@ -110,7 +112,7 @@ def v1_body(
     return out
 
 
-def seal(body: bytes, version: int = FORMAT_VERSION) -> bytes:
+def seal(body: bytes, version: int = 1) -> bytes:
     return b"TLYM" + struct.pack(">HII", version, len(body), crc32c(body)) + body
 
 
@@ -136,10 +138,18 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
     )
     state = draw(st.sampled_from(LedgerState))
     last_entry_id, length = -1, 0
-    if state is LedgerState.CLOSED:
+    if state in (LedgerState.CLOSED, LedgerState.DELETED):
         last_entry_id = firsts[-1] - 1 + draw(st.integers(0, 1 << 40))
         if last_entry_id >= 0:
             length = draw(st.integers(0, INT64_MAX))
+    deletion = None
+    if state is LedgerState.DELETED:
+        deletion = Deletion(
+            draw(st.integers(0, INT64_MAX)),
+            draw(st.text(min_size=1, max_size=20).filter(_encodable)),
+            draw(st.integers(-1, 1 << 40)),
+            draw(st.text(max_size=40).filter(_encodable)),
+        )
     return LedgerMetadata(
         state=state,
         ensemble_size=ensemble_size,
@@ -155,7 +165,17 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
         custom_metadata=draw(
             st.dictionaries(st.text(min_size=1, max_size=8), st.binary(max_size=16), max_size=4)
         ),
+        archived=state is not LedgerState.OPEN and draw(st.booleans()),
+        deletion=deletion,
     )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # Construction
@@ -303,7 +323,7 @@ def test_segment_bounds_leave_the_open_last_segment_unbounded() -> None:
 def test_write_set_bookies_follow_the_segment_and_the_schedule(
     metadata: LedgerMetadata, data: st.DataObject
 ) -> None:
-    last = metadata.last_entry_id if metadata.is_closed else 200
+    last = metadata.last_entry_id if metadata.has_end else 200
     if last < 0:
         return
     entry_id = data.draw(st.integers(0, last))
@@ -529,23 +549,32 @@ def test_bytes_follow_the_documented_layout() -> None:
         length=1000,
         custom_metadata={"z": b"last", "k": b""},
     )
-    expected = seal(
-        v1_body(
-            state=3,
-            digest=2,
-            wq=3,
-            last=9,
-            length=1000,
-            ctime=123,
-            pwd=bytes(range(32)),
-            token=b"\x01\x02",
-            segments=((0, ("a", "b", "c")), (7, ("a", "ü", "c"))),
-            custom=(("k", b""), ("z", b"last")),
-        )
-    )
-    assert metadata.to_bytes() == expected
-    assert expected[:6] == b"TLYM\x00\x01"
+    fields: dict[str, Any] = {
+        "digest": 2,
+        "wq": 3,
+        "last": 9,
+        "length": 1000,
+        "ctime": 123,
+        "pwd": bytes(range(32)),
+        "token": b"\x01\x02",
+        "segments": ((0, ("a", "b", "c")), (7, ("a", "ü", "c"))),
+        "custom": (("k", b""), ("z", b"last")),
+    }
+    expected = seal(v1_body(state=3, **fields))
     assert LedgerMetadata.from_bytes(expected) == metadata
+    assert expected[:6] == b"TLYM\x00\x01"
+    # Version 2 appends the flags (0x01 archived, 0x02 a deletion follows) and the deletion.
+    body = expected[14:]
+    assert metadata.to_bytes() == seal(body + b"\x00", version=2)
+    deleted = metadata.with_archived().deleted(Deletion(77, "trim", 3, "ok"))
+    assert deleted.to_bytes() == seal(
+        v1_body(state=4, **fields)
+        + b"\x03"
+        + struct.pack(">qq", 77, 3)
+        + b"\x00\x04trim\x00\x02ok",
+        version=2,
+    )
+    assert LedgerMetadata.from_bytes(deleted.to_bytes()) == deleted
 
 
 @settings(max_examples=300, deadline=None)
@@ -611,7 +640,7 @@ def test_garbage_inside_a_checksummed_body_is_refused() -> None:
         LedgerMetadata.from_bytes(seal(v1_body() + b"\x00\x00"))
 
 
-@pytest.mark.parametrize("version", [2, 7, 0xFFFF])
+@pytest.mark.parametrize("version", [3, 7, 0xFFFF])
 def test_newer_versions_are_refused_with_a_clear_message(version: int) -> None:
     data = seal(v1_body(), version=version)
     with pytest.raises(MalformedData) as raised:
@@ -623,8 +652,8 @@ def test_newer_versions_are_refused_with_a_clear_message(version: int) -> None:
 
 
 def test_newer_versions_are_refused_before_their_header_is_read() -> None:
-    with pytest.raises(MalformedData, match="version 2 is newer"):
-        LedgerMetadata.from_bytes(b"TLYM\x00\x02")
+    with pytest.raises(MalformedData, match="version 3 is newer"):
+        LedgerMetadata.from_bytes(b"TLYM\x00\x03")
 
 
 def test_version_zero_and_foreign_data_are_refused() -> None:
@@ -659,7 +688,7 @@ def test_a_valid_body_decodes() -> None:
     ("body", "match"),
     [
         (v1_body(state=0), "0 is not a valid LedgerState"),
-        (v1_body(state=4), "4 is not a valid LedgerState"),
+        (v1_body(state=5), "5 is not a valid LedgerState"),
         (v1_body(digest=0), "0 is not a valid DigestType"),
         (v1_body(wq=4), "E=3 WQ=4 AQ=2"),
         (v1_body(aq=0), "AQ=0"),
@@ -752,6 +781,8 @@ def test_to_dict() -> None:
         "ctime_ms": CTIME,
         "creator_token": TOKEN.hex(),
         "custom_metadata": {"app": "00ff", "ns": b"tenant".hex()},
+        "archived": False,
+        "deletion": None,
         "segments": [
             {"first_entry_id": 0, "last_entry_id": 9, "ensemble": list(E3)},
             {
@@ -776,3 +807,70 @@ def test_to_dict_of_an_open_ledger_has_an_unbounded_last_segment() -> None:
     assert view["state"] == "OPEN"
     assert view["segments"] == [{"first_entry_id": 0, "last_entry_id": None, "ensemble": list(E3)}]
     assert json.loads(json.dumps(view)) == view
+
+
+# The delete lifecycle (BP-31)
+
+
+def closed_ledger() -> LedgerMetadata:
+    return open_ledger().close(30, 300)
+
+
+def test_delete_then_undelete_gives_back_the_same_closed_ledger() -> None:
+    closed = closed_ledger().with_archived()
+    deleted = closed.deleted(Deletion(1_000, "retention", 0, "all copies there"))
+    assert deleted.state is LedgerState.DELETED
+    assert deleted.has_end
+    assert not deleted.is_closed
+    assert deleted.deleted(Deletion(2_000, "again")) is deleted
+    assert deleted.ensemble_at(30) == E3
+    assert deleted.to_dict()["deletion"] == {
+        "time_ms": 1_000,
+        "reason": "retention",
+        "violations": 0,
+        "detail": "all copies there",
+    }
+    assert deleted.undeleted() == closed
+
+
+@pytest.mark.parametrize("state", [LedgerState.OPEN, LedgerState.IN_RECOVERY])
+def test_only_a_closed_ledger_can_be_deleted_or_archived(state: LedgerState) -> None:
+    metadata = open_ledger() if state is LedgerState.OPEN else open_ledger().start_recovery()
+    with pytest.raises(InvalidMetadataTransition, match=f"deleting an {state.name} ledger"):
+        metadata.deleted(Deletion(1, "x"))
+    with pytest.raises(InvalidMetadataTransition, match="only a CLOSED ledger"):
+        metadata.with_archived()
+    with pytest.raises(InvalidMetadataTransition, match="not DELETED"):
+        metadata.undeleted()
+
+
+def test_a_deleted_ledger_refuses_every_other_transition() -> None:
+    deleted = closed_ledger().deleted(Deletion(1, "x"))
+    with pytest.raises(LedgerDeleted):
+        deleted.start_recovery()
+    with pytest.raises(LedgerDeleted):
+        deleted.close(30, 300)
+    with pytest.raises(LedgerDeleted):
+        deleted.with_ensemble_change(31, ("bk7:3181", "bk2:3181", "bk3:3181"))
+    with pytest.raises(InvalidMetadataTransition, match="only a CLOSED ledger"):
+        deleted.with_archived()
+
+
+def test_state_and_deletion_record_must_agree() -> None:
+    with pytest.raises(BadRequest, match="a DELETED ledger needs a deletion record"):
+        dataclasses.replace(closed_ledger(), state=LedgerState.DELETED)
+    with pytest.raises(BadRequest, match="a CLOSED ledger cannot have a deletion record"):
+        dataclasses.replace(closed_ledger(), deletion=Deletion(1, "x"))
+    with pytest.raises(BadRequest, match="deletion reason is empty"):
+        Deletion(1, "")
+
+
+def test_version_1_metadata_reads_as_not_archived_and_not_deleted() -> None:
+    decoded = LedgerMetadata.from_bytes(seal(v1_body()))
+    assert (decoded.archived, decoded.deletion) == (False, None)
+
+
+def test_unknown_flags_are_refused() -> None:
+    body = closed_ledger().to_bytes()[14:]
+    with pytest.raises(MalformedData, match="unknown flags 0x04"):
+        LedgerMetadata.from_bytes(seal(body[:-1] + b"\x04", version=2))

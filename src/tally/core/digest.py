@@ -91,6 +91,16 @@ class LedgerKeys:
     def of_password(cls, password: bytes) -> LedgerKeys:
         return cls(master_key(password), mac_key(password))
 
+    @classmethod
+    def for_maintenance(
+        cls, digest_type: DigestType, ledger_master_key: bytes, password: bytes | None
+    ) -> LedgerKeys | None:
+        """The keys that recovery or repair of a ledger needs, from its metadata's master key;
+        an HMAC ledger needs its password too (None without it)."""
+        if digest_type is not DigestType.HMAC:
+            return cls(ledger_master_key, mac_key(b""))  # the MAC key goes unused
+        return None if password is None else cls.of_password(password)
+
 
 def compute(digest_type: DigestType, key: bytes, *chunks: bytes | memoryview) -> bytes:
     """The digest of the concatenated `chunks`, `digest_type.size` bytes long.

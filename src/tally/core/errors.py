@@ -135,6 +135,18 @@ class LedgerInLimbo(TallyError):
     code = 25
 
 
+class LedgerDeleted(TallyError):
+    """The ledger was deleted: soft-deleted (undeletable for a while) or tombstoned."""
+
+    code = 26
+
+
+class DeleteRefused(TallyError):
+    """A delete the cluster's delete discipline refuses (open ledger, archival missing)."""
+
+    code = 27
+
+
 class LedgerFenced(TallyError):
     """The ledger was fenced by a recovering client; normal adds are refused."""
 

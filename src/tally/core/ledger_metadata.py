@@ -18,6 +18,9 @@ Serialized form (big-endian)::
             | uint32 segments, each: int64 first entry id, E x (uint8 n + n bytes UTF-8 bookie id)
             | uint32 custom fields, each: uint16 n + n bytes UTF-8 key, uint32 m + m bytes value,
               keys strictly increasing
+            | uint8 flags (0x01 archived, 0x02 deletion follows)         (version 2 on)
+            | deletion: int64 time (ms) | int64 violations (-1: not checked)
+              | uint16 n + n bytes UTF-8 reason | uint16 m + m bytes UTF-8 check detail
 
 Only the magic and the version are fixed forever: the version is checked before anything
 else, so a later version may change the rest. A later version appends its new fields to the
@@ -44,6 +47,7 @@ from tally.core.errors import (
     BadRequest,
     InvalidMetadataTransition,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
     MalformedData,
     Unauthorized,
@@ -52,7 +56,7 @@ from tally.core.ids import LedgerId
 from tally.core.schedule import check_quorums, write_set
 
 MAGIC = b"TLYM"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 INT64_MAX = (1 << 63) - 1
 MAX_ENSEMBLE_SIZE = 0xFFFF
@@ -60,6 +64,7 @@ MAX_BOOKIE_ID_BYTES = 0xFF
 MAX_CREATOR_TOKEN_BYTES = 0xFF
 MAX_CUSTOM_KEY_BYTES = 0xFFFF
 MAX_CUSTOM_VALUE_BYTES = 0xFFFF_FFFF
+MAX_DELETION_TEXT_BYTES = 0xFFFF
 
 _PREFIX = struct.Struct(">4sH")
 _HEADER_V1 = struct.Struct(">II")
@@ -68,14 +73,19 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
+_DELETION = struct.Struct(">qq")
+_ARCHIVED = 0x01
+_HAS_DELETION = 0x02
 
 
 class LedgerState(enum.IntEnum):
-    """A ledger's life: OPEN -> IN_RECOVERY -> CLOSED, or OPEN -> CLOSED (BookKeeper's numbers)."""
+    """A ledger's life: OPEN -> IN_RECOVERY -> CLOSED, or OPEN -> CLOSED (BookKeeper's numbers),
+    then CLOSED -> DELETED (soft delete, BP-31), which `undelete` takes back to CLOSED."""
 
     OPEN = 1
     IN_RECOVERY = 2
     CLOSED = 3
+    DELETED = 4
 
 
 def _check_int(name: str, value: object, low: int, high: int = INT64_MAX) -> int:
@@ -132,6 +142,33 @@ class Segment:
             )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deletion:
+    """When and why a ledger was soft-deleted, and what the durability check found then."""
+
+    time_ms: int
+    reason: str
+    violations: int = -1
+    """Entries the check found on fewer than WQ bookies; -1 when it was not checked."""
+    detail: str = ""
+    """The check's verdict in a sentence, for the tombstone and the operator."""
+
+    def __post_init__(self) -> None:
+        _check_int("deletion time (ms)", self.time_ms, 0)
+        _check_int("deletion violations", self.violations, -1)
+        _check_text("deletion reason", self.reason, MAX_DELETION_TEXT_BYTES)
+        if self.detail:
+            _check_text("deletion check detail", self.detail, MAX_DELETION_TEXT_BYTES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_ms": self.time_ms,
+            "reason": self.reason,
+            "violations": self.violations,
+            "detail": self.detail,
+        }
+
+
 @contextlib.contextmanager
 def _refused_as_transition(action: str) -> Iterator[None]:
     """Report an argument that breaks an invariant as a refused transition, naming it."""
@@ -148,6 +185,7 @@ class LedgerMetadata:
     """One version of a ledger's metadata; construction refuses any inconsistent record.
 
     OPEN and IN_RECOVERY ledgers have no end yet: last_entry_id is -1 and length 0.
+    A DELETED ledger keeps the end it was closed at, and says when and why in `deletion`.
     A CLOSED ledger's last segment may start at last_entry_id + 1 and so hold no entries:
     BookKeeper closes so when the writer changed ensemble at LAC + 1 and nothing after the
     LAC was acknowledged. That segment's bookies may still hold unacknowledged entries, so
@@ -170,6 +208,10 @@ class LedgerMetadata:
     custom_metadata: Mapping[str, bytes] = dataclasses.field(
         default_factory=lambda: MappingProxyType({}), hash=False
     )
+    archived: bool = False
+    """Set by an archiver once it copied the ledger elsewhere (BP-31's archival bit); a
+    cluster with `delete_requires_archival` deletes only archived ledgers."""
+    deletion: Deletion | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, LedgerState):
@@ -195,6 +237,16 @@ class LedgerMetadata:
                 f"{MAX_CREATOR_TOKEN_BYTES}"
             )
         object.__setattr__(self, "custom_metadata", _frozen_custom(self.custom_metadata))
+        if not isinstance(self.archived, bool):
+            raise BadRequest(f"archived must be a bool, not {type(self.archived).__name__}")
+        if (self.state is LedgerState.DELETED) != (self.deletion is not None):
+            raise BadRequest(
+                f"a {self.state.name} ledger "
+                + ("needs" if self.state is LedgerState.DELETED else "cannot have")
+                + " a deletion record"
+            )
+        if self.deletion is not None and not isinstance(self.deletion, Deletion):
+            raise BadRequest(f"deletion must be a Deletion, not {type(self.deletion).__name__}")
 
     def _check_segments(self) -> None:
         if not isinstance(self.segments, tuple) or not self.segments:
@@ -222,7 +274,7 @@ class LedgerMetadata:
     def _check_end(self) -> None:
         _check_int("last entry id", self.last_entry_id, -1)
         _check_int("length", self.length, 0)
-        if self.state is not LedgerState.CLOSED:
+        if not self.has_end:
             if (self.last_entry_id, self.length) != (-1, 0):
                 raise BadRequest(
                     f"an {self.state.name} ledger has no end yet (last entry -1, length 0), "
@@ -230,7 +282,9 @@ class LedgerMetadata:
                 )
             return
         if self.last_entry_id == -1 and self.length != 0:
-            raise BadRequest(f"an empty closed ledger has length 0, not {self.length}")
+            raise BadRequest(
+                f"an empty {self.state.name.lower()} ledger has length 0, not {self.length}"
+            )
         last_first = self.segments[-1].first_entry_id
         if last_first > self.last_entry_id + 1:
             raise BadRequest(
@@ -274,10 +328,15 @@ class LedgerMetadata:
     def is_closed(self) -> bool:
         return self.state is LedgerState.CLOSED
 
+    @property
+    def has_end(self) -> bool:
+        """Whether the last entry is fixed: CLOSED, or DELETED (which was CLOSED)."""
+        return self.state in (LedgerState.CLOSED, LedgerState.DELETED)
+
     def ensemble_at(self, entry_id: int) -> tuple[str, ...]:
         """The ensemble that `entry_id` was (or will be) written to."""
         _check_int("entry id", entry_id, 0)
-        if self.is_closed and entry_id > self.last_entry_id:
+        if self.has_end and entry_id > self.last_entry_id:
             raise BadRequest(
                 f"entry {entry_id} is past the end of the closed ledger "
                 f"(last entry {self.last_entry_id})"
@@ -291,7 +350,7 @@ class LedgerMetadata:
         A last below first marks a closed ledger's empty trailing segment.
         """
         ends: list[int | None] = [s.first_entry_id - 1 for s in self.segments[1:]]
-        ends.append(self.last_entry_id if self.is_closed else None)
+        ends.append(self.last_entry_id if self.has_end else None)
         return tuple(
             (segment.first_entry_id, end) for segment, end in zip(self.segments, ends, strict=True)
         )
@@ -334,6 +393,7 @@ class LedgerMetadata:
         ensemble replaces it; earlier would rewrite acknowledged entries' placement.
         """
         action = f"ensemble change at entry {first_entry_id}"
+        self._refuse_deleted(action)
         if self.state is LedgerState.CLOSED:
             raise LedgerClosed(f"{action} refused: the ledger is closed")
         if self.state is LedgerState.IN_RECOVERY and not recovering:
@@ -379,6 +439,7 @@ class LedgerMetadata:
 
     def start_recovery(self) -> LedgerMetadata:
         """OPEN -> IN_RECOVERY; again on IN_RECOVERY, so a failed recovery can be retried."""
+        self._refuse_deleted("recovery")
         if self.state is LedgerState.CLOSED:
             raise LedgerClosed(
                 f"cannot recover a closed ledger (last entry {self.last_entry_id}, "
@@ -390,6 +451,7 @@ class LedgerMetadata:
 
     def close(self, last_entry_id: int, length: int) -> LedgerMetadata:
         """Fix the end of the ledger; closing again at the same end is a no-op."""
+        self._refuse_deleted(f"closing at last entry {last_entry_id}")
         if self.is_closed:
             if (last_entry_id, length) == (self.last_entry_id, self.length):
                 return self
@@ -402,6 +464,39 @@ class LedgerMetadata:
             return dataclasses.replace(
                 self, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length
             )
+
+    def with_archived(self) -> LedgerMetadata:
+        """The archival bit set: only on a CLOSED ledger, the one whose content is final."""
+        if self.archived:
+            return self
+        if self.state is not LedgerState.CLOSED:
+            raise InvalidMetadataTransition(
+                f"setting the archival bit refused: the ledger is {self.state.name}, and only "
+                "a CLOSED ledger's content is final"
+            )
+        return dataclasses.replace(self, archived=True)
+
+    def deleted(self, deletion: Deletion) -> LedgerMetadata:
+        """CLOSED -> DELETED (soft delete); deleting a DELETED ledger again changes nothing."""
+        if self.state is LedgerState.DELETED:
+            return self
+        if self.state is not LedgerState.CLOSED:
+            raise InvalidMetadataTransition(
+                f"deleting an {self.state.name} ledger refused: close or recover it first"
+            )
+        return dataclasses.replace(self, state=LedgerState.DELETED, deletion=deletion)
+
+    def undeleted(self) -> LedgerMetadata:
+        """DELETED -> CLOSED, everything else as it was before the delete."""
+        if self.state is not LedgerState.DELETED:
+            raise InvalidMetadataTransition(
+                f"undelete refused: the ledger is {self.state.name}, not DELETED"
+            )
+        return dataclasses.replace(self, state=LedgerState.CLOSED, deletion=None)
+
+    def _refuse_deleted(self, action: str) -> None:
+        if self.state is LedgerState.DELETED:
+            raise LedgerDeleted(f"{action} refused: the ledger was deleted")
 
     def with_custom_metadata(self, custom_metadata: Mapping[str, bytes]) -> LedgerMetadata:
         """The same ledger with its custom metadata replaced as a whole."""
@@ -431,6 +526,8 @@ class LedgerMetadata:
             "ctime_ms": self.ctime_ms,
             "creator_token": self.creator_token.hex(),
             "custom_metadata": {key: value.hex() for key, value in self.custom_metadata.items()},
+            "archived": self.archived,
+            "deletion": None if self.deletion is None else self.deletion.to_dict(),
             "segments": [
                 {"first_entry_id": first, "last_entry_id": last, "ensemble": list(s.ensemble)}
                 for s, (first, last) in zip(self.segments, self.segment_bounds(), strict=True)
@@ -464,6 +561,14 @@ class LedgerMetadata:
         for key, value in self.custom_metadata.items():
             encoded = key.encode()
             parts += (_U16.pack(len(encoded)), encoded, _U32.pack(len(value)), value)
+        deletion = self.deletion
+        flags = (_ARCHIVED if self.archived else 0) | (_HAS_DELETION if deletion else 0)
+        parts.append(_U8.pack(flags))
+        if deletion is not None:
+            parts.append(_DELETION.pack(deletion.time_ms, deletion.violations))
+            for text in (deletion.reason, deletion.detail):
+                encoded = text.encode()
+                parts += (_U16.pack(len(encoded)), encoded)
         body = b"".join(parts)
         return _PREFIX.pack(MAGIC, FORMAT_VERSION) + _HEADER_V1.pack(len(body), crc32c(body)) + body
 
@@ -539,7 +644,7 @@ def _decode(data: bytes) -> LedgerMetadata:
         )
     if version < 1:
         raise MalformedData(f"unknown metadata format version {version}")
-    body_size, stored_crc = reader.unpack(_HEADER_V1, "version 1 header")
+    body_size, stored_crc = reader.unpack(_HEADER_V1, "header")
     actual = len(data) - reader.offset
     if actual < body_size:
         raise MalformedData(f"truncated: the body is {actual} bytes, the header says {body_size}")
@@ -553,7 +658,7 @@ def _decode(data: bytes) -> LedgerMetadata:
             f"body checksum mismatch: stored CRC32C {stored_crc:#010x}, "
             f"computed {computed_crc:#010x}"
         )
-    metadata = _read_body_v1(reader)
+    metadata = _read_body(reader, version)
     if reader.offset != len(data):
         raise MalformedData(
             f"{len(data) - reader.offset} unread bytes at the end of the body, "
@@ -562,7 +667,7 @@ def _decode(data: bytes) -> LedgerMetadata:
     return metadata
 
 
-def _read_body_v1(reader: _Reader) -> LedgerMetadata:
+def _read_body(reader: _Reader, version: int) -> LedgerMetadata:
     state, digest, ensemble_size, write_quorum, ack_quorum, last_entry_id, length, ctime_ms, pwd = (
         reader.unpack(_FIXED_V1, "fixed fields")
     )
@@ -591,6 +696,7 @@ def _read_body_v1(reader: _Reader) -> LedgerMetadata:
             )
         custom[key] = reader.sized(_U32, f"custom metadata value {key!r}")
         previous = key
+    archived, deletion = (False, None) if version < 2 else _read_v2_fields(reader)
     return LedgerMetadata(
         state=state,
         ensemble_size=ensemble_size,
@@ -604,4 +710,19 @@ def _read_body_v1(reader: _Reader) -> LedgerMetadata:
         last_entry_id=last_entry_id,
         length=length,
         custom_metadata=custom,
+        archived=archived,
+        deletion=deletion,
     )
+
+
+def _read_v2_fields(reader: _Reader) -> tuple[bool, Deletion | None]:
+    (flags,) = reader.unpack(_U8, "flags")
+    if flags & ~(_ARCHIVED | _HAS_DELETION):
+        raise MalformedData(f"unknown flags 0x{flags:02x}")
+    deletion = None
+    if flags & _HAS_DELETION:
+        time_ms, violations = reader.unpack(_DELETION, "deletion")
+        reason = reader.text(_U16, "deletion reason")
+        detail = reader.text(_U16, "deletion check detail")
+        deletion = Deletion(time_ms, reason, violations, detail)
+    return bool(flags & _ARCHIVED), deletion
