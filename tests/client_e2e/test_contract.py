@@ -18,11 +18,13 @@ import tally
 from tally.client.bookie_connection import BookieConnection
 from tally.client.writer import LedgerWriter
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import DeletePlan
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerState
 from tally.errors import (
     BadRequest,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
     NoSuchLedger,
     NotEnoughBookies,
@@ -80,11 +82,17 @@ async def test_the_contract_round_trip(cluster: Cluster) -> None:
         for entry_id, held in copies.items():
             assert list(held.values()) == [payloads[entry_id]] * 3
 
-        await client.delete_ledger(w.ledger_id)
-        with pytest.raises(NoSuchLedger):
+        deleted = await client.delete_ledger(w.ledger_id)
+        assert deleted.deletion.violations == 0, deleted.deletion.detail
+        with pytest.raises(LedgerDeleted):
             await client.open_ledger(w.ledger_id, password=b"pw")
+        again = await client.delete_ledger(w.ledger_id)
+        assert again.plan is DeletePlan.ALREADY_DELETED
+        await client.undelete_ledger(w.ledger_id)
+        r = await client.open_ledger(w.ledger_id, password=b"pw")
+        assert (await r.read_entry(299)).data == payloads[299]
         with pytest.raises(NoSuchLedger):
-            await client.delete_ledger(w.ledger_id)
+            await client.delete_ledger(LedgerId.classic(10**12))
 
 
 async def test_an_empty_ledger_has_last_entry_minus_one(cluster: Cluster) -> None:
@@ -122,7 +130,7 @@ async def test_ledger_ids_as_int_ledger_id_and_qualified_name(cluster: Cluster) 
             assert r.ledger_id == w.ledger_id
             assert (await r.read_entry(0)).data == b"one"
         await client.delete_ledger(w.ledger_id.qualified_name)
-        with pytest.raises(NoSuchLedger):
+        with pytest.raises(LedgerDeleted):
             await client.open_ledger(int(w.ledger_id), password=b"pw")
 
 
@@ -150,7 +158,7 @@ async def test_128_bit_ledgers_round_trip(cluster: Cluster, kind: str) -> None:
         copies = await replica_copies(w.ledger_id, r.metadata, b"pw", 49)
         assert all(payloads[e] in held.values() for e, held in copies.items())
         await client.delete_ledger(name)
-        with pytest.raises(NoSuchLedger):
+        with pytest.raises(LedgerDeleted):
             await client.open_ledger(w.ledger_id, password=b"pw")
         with pytest.raises(BadRequest):
             await client.create_ledger(password=b"pw", scope=1, uuid=True)
@@ -353,7 +361,9 @@ def test_sync_client_does_the_contract(cluster: Cluster, tmp_path: Path) -> None
         with pytest.raises(Unauthorized):
             client.open_ledger(w.ledger_id, password=b"nope")
         client.delete_ledger(w.ledger_id.qualified_name)
-        with pytest.raises(NoSuchLedger):
+        with pytest.raises(LedgerDeleted):
             client.open_ledger(w.ledger_id, password=b"pw")
+        client.undelete_ledger(w.ledger_id)
+        assert client.open_ledger(w.ledger_id, password=b"pw").last_entry_id == 19
         with pytest.raises(NotEnoughBookies):
             client.create_ledger(ensemble_size=BOOKIES + 1)

@@ -50,6 +50,12 @@ ENDPOINTS = {
     "/api/v1/autorecovery/lost_bookie_recovery_delay",
     "/api/v1/autorecovery/status",
     "/api/v1/autorecovery/process",
+    "/api/v1/ledger/delete",
+    "/api/v1/ledger/undelete",
+    "/api/v1/cluster/settings",
+    "/api/v1/bookie/gc",
+    "/api/v1/bookie/gc_details",
+    "/api/v1/bookie/gc/orphans",
 }
 ENSEMBLE = ("10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181")
 _stores = itertools.count()
@@ -301,6 +307,10 @@ def test_the_openapi_document_lists_every_endpoint() -> None:
             "/api/v1/autorecovery/trigger_audit": {"put"},
             "/api/v1/autorecovery/lost_bookie_recovery_delay": {"get", "put"},
             "/api/v1/autorecovery/status": {"get", "put"},
+            "/api/v1/ledger/delete": {"delete"},
+            "/api/v1/ledger/undelete": {"put"},
+            "/api/v1/bookie/gc": {"put"},
+            "/api/v1/bookie/gc/orphans": {"get", "delete"},
         }
         for path, operations in document["paths"].items():
             assert set(operations) == writable.get(path, {"get"}), path

@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from tally.core.digest import DigestType
-from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import Deletion, LedgerMetadata
+from tally.metadata.deletion import tombstone_ledger
+from tally.metadata.ledger_manager import LedgerManager
 from tests.metadata.support import StoreProcess
 
 SERVICE_WORKER = Path(__file__).with_name("service_worker.py")
@@ -52,3 +55,16 @@ def sample_metadata(token: bytes | None = None, ensemble: tuple[str, ...] = ()) 
 async def start_service_worker(uri: str, session_timeout: float) -> StoreProcess:
     """`service_worker.py` in a child process, once it is ready."""
     return await StoreProcess.start(uri, session_timeout, script=SERVICE_WORKER)
+
+
+async def delete_now(manager: LedgerManager, ledger_id: LedgerId, now_ms: int = 1) -> None:
+    """Delete a ledger at once, as the delete path does with a retention of 0: close it if
+    it is open, move it to DELETED, then replace its metadata by its tombstone."""
+
+    def closed_then_deleted(metadata: LedgerMetadata) -> LedgerMetadata:
+        if not metadata.has_end:
+            metadata = metadata.close(-1, 0)
+        return metadata.deleted(Deletion(now_ms, "deleted by a test"))
+
+    record = await manager.update(ledger_id, closed_then_deleted)
+    assert await tombstone_ledger(manager, record, now_ms) is not None

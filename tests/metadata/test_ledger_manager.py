@@ -14,14 +14,20 @@ from tally.core.errors import (
     NoSuchLedger,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.ledger_metadata import Deletion, LedgerMetadata
 from tally.metadata import ledger_manager
 from tally.metadata.cluster import init_cluster
+from tally.metadata.deletion import tombstone_ledger
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.paths import IDGEN, LEDGER_METADATA, LEDGERS, SCOPED_SUFFIX
 from tally.metadata.store import MetadataStore
 from tests.metadata.conftest import Backend
-from tests.metadata.service_support import Collected, sample_metadata, start_service_worker
+from tests.metadata.service_support import (
+    Collected,
+    delete_now,
+    sample_metadata,
+    start_service_worker,
+)
 
 
 async def new_ledgers(store: MetadataStore, count: int) -> list[LedgerRecord]:
@@ -62,7 +68,7 @@ async def test_ids_are_never_reused_after_deletes(backend: Backend) -> None:
         created = await new_ledgers(store, 4)
         manager = LedgerManager(store)
         for record in created:
-            await manager.remove_ledger_metadata(record.ledger_id)
+            await delete_now(manager, record.ledger_id)
         assert await store.children(LEDGERS) == []
     async with backend.open() as later:
         fresh = await LedgerManager(later).generate_ledger_id()
@@ -127,15 +133,17 @@ async def test_create_read_update_delete(backend: Backend) -> None:
             assert await manager.read_ledger_metadata(ledger_id) == updated
             with pytest.raises(MetadataVersionConflict, match=f"ledger {ledger_id}.*version 0"):
                 await manager.write_ledger_metadata(ledger_id, metadata, 0)
-            with pytest.raises(MetadataVersionConflict, match=str(ledger_id)):
-                await manager.remove_ledger_metadata(ledger_id, expected_version=0)
-            await manager.remove_ledger_metadata(ledger_id, expected_version=1)
+            deleted = await manager.write_ledger_metadata(
+                ledger_id, closed.deleted(Deletion(5, "a test")), 1
+            )
+            stale = LedgerRecord(ledger_id, deleted.metadata, 1)
+            assert await tombstone_ledger(manager, stale, now_ms=6) is None
+            assert await manager.read_ledger_metadata(ledger_id) == deleted
+            assert await tombstone_ledger(manager, deleted, now_ms=6) is not None
             with pytest.raises(NoSuchLedger, match=str(ledger_id)):
                 await manager.read_ledger_metadata(ledger_id)
             with pytest.raises(NoSuchLedger):
-                await manager.write_ledger_metadata(ledger_id, closed, 1)
-            with pytest.raises(NoSuchLedger):
-                await manager.remove_ledger_metadata(ledger_id)
+                await manager.write_ledger_metadata(ledger_id, closed, 2)
         assert await store.children(LEDGERS) == []
         assert await store.children(LEDGERS + SCOPED_SUFFIX) == []
 
@@ -213,11 +221,11 @@ async def test_creates_racing_deletes_that_prune_their_parents_all_succeed(
             old, new = LedgerId(9, 2 * round_number), LedgerId(9, 2 * round_number + 1)
             await deleter.create_ledger_metadata(old, sample_metadata())
             await asyncio.gather(
-                deleter.remove_ledger_metadata(old),
+                delete_now(deleter, old),
                 creator.create_ledger_metadata(new, sample_metadata()),
             )
             await creator.read_ledger_metadata(new)
-            await creator.remove_ledger_metadata(new)
+            await delete_now(creator, new)
         assert await a.children(LEDGERS + SCOPED_SUFFIX) == []
 
 
@@ -305,14 +313,20 @@ async def test_a_ledger_watch_gives_each_version_then_none_once_deleted(backend:
         closed = metadata.close(9, 100)
         await manager.write_ledger_metadata(ledger_id, closed, 0)
         await seen.wait_for(3)
-        await manager.remove_ledger_metadata(ledger_id)
+        deleted = closed.deleted(Deletion(1, "deleted by a test"))
+        await delete_now(manager, ledger_id)
         await seen.wait_for(4)
-        assert seen.values == [
+        if seen.values[-1] is not None:
+            await seen.wait_for(5)
+        assert seen.values[:3] == [
             None,
             LedgerRecord(ledger_id, metadata, 0),
             LedgerRecord(ledger_id, closed, 1),
-            None,
         ]
+        # The DELETED version may be replaced by the tombstone before the watch reads it.
+        assert seen.values[-1] is None
+        assert all(value == LedgerRecord(ledger_id, deleted, 2) for value in seen.values[3:-1])
+        given = len(seen.values)
         watcher.cancel()
         await manager.create_ledger_metadata(ledger_id, metadata)
         # A watch made after it, of another ledger, sees its creation: the cancelled one
@@ -322,4 +336,4 @@ async def test_a_ledger_watch_gives_each_version_then_none_once_deleted(backend:
         await LedgerManager(store).watch_ledger_metadata(other, witness)
         await manager.create_ledger_metadata(other, metadata)
         await witness.wait_for(2)
-        assert len(seen.values) == 4
+        assert len(seen.values) == given

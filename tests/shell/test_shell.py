@@ -299,26 +299,91 @@ def test_simpletest_writes_verifies_and_deletes(cluster: Cluster) -> None:
     assert set(summary["ensemble"]) == cluster.bookie_ids
     assert impossible.returncode == 2
     assert "Traceback" not in impossible.stderr
-    assert shell("ledgermetadata", summary["ledger_id"], uri=cluster.uri).returncode == 3
+    assert ok("ledgermetadata", summary["ledger_id"], uri=cluster.uri)["state"] == "DELETED"
 
 
-def test_deleteledger_needs_force_then_deletes(cluster: Cluster) -> None:
+def cluster_command(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tally.cli.main", "cluster", *args, "--metadata", uri]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_deleteledger_soft_deletes_and_undeleteledger_restores(cluster: Cluster) -> None:
     with SyncClient(cluster.uri) as client:
         writer = client.create_ledger(password=b"x")
         writer.append(b"doomed")
+        left_open = client.create_ledger(password=b"x")
+        left_open.append(b"still open")
         writer.close()
         ledger = writer.ledger_id
-    refused, still = shells(
-        ("deleteledger", str(ledger)), ("ledgermetadata", str(ledger), "--json"), uri=cluster.uri
-    )
-    assert refused.returncode == 2
-    assert parsed(still)["state"] == "CLOSED"
-    deleted = shell("deleteledger", ledger.qualified_name, "--force", uri=cluster.uri)
+    before = ok("ledgermetadata", str(ledger), uri=cluster.uri)
+    refused = shell("deleteledger", str(left_open.ledger_id), uri=cluster.uri)
+    assert refused.returncode == 1
+    assert "is OPEN" in refused.stderr
+    assert "--force" in refused.stderr or "force" in refused.stderr
+    deleted = shell("deleteledger", ledger.qualified_name, "--reason", "trimmed", uri=cluster.uri)
     assert deleted.returncode == 0, deleted.stderr
-    gone, again = shells(
-        ("ledgermetadata", str(ledger)), ("deleteledger", str(ledger), "--force"), uri=cluster.uri
+    assert "undeleteledger" in deleted.stdout
+    assert "every entry on its 2 bookies" in deleted.stdout
+    shown = ok("ledgermetadata", str(ledger), uri=cluster.uri)
+    assert shown["state"] == "DELETED"
+    assert shown["deletion"]["reason"] == "trimmed"
+    unreadable = shell("readledger", str(ledger), "--password", "x", uri=cluster.uri)
+    assert unreadable.returncode == 3
+    assert "was deleted" in unreadable.stderr
+    restored = shell("undeleteledger", str(ledger), uri=cluster.uri)
+    assert restored.returncode == 0, restored.stderr
+    after = ok("ledgermetadata", str(ledger), uri=cluster.uri)
+    assert after.pop("metadata_version") == before.pop("metadata_version") + 2
+    assert after == before
+    forced = ok("deleteledger", str(left_open.ledger_id), "--force", uri=cluster.uri)
+    assert forced["deletion"]["detail"].startswith("every entry")
+    assert ok("ledgermetadata", str(left_open.ledger_id), uri=cluster.uri)["last_entry_id"] == 0
+
+
+def test_deleteledger_with_retention_zero_and_archival_required(cluster: Cluster) -> None:
+    with SyncClient(cluster.uri) as client:
+        writer = client.create_ledger(password=b"x")
+        writer.append(b"archived elsewhere")
+        writer.close()
+        ledger = str(writer.ledger_id)
+    changed = cluster_command(
+        "settings",
+        "--set",
+        "ledger_delete_retention=0",
+        "--set",
+        "delete_requires_archival=true",
+        "--json",
+        uri=cluster.uri,
     )
-    assert (gone.returncode, again.returncode) == (3, 3)
+    try:
+        assert changed.returncode == 0, changed.stderr
+        shown = json.loads(changed.stdout)
+        assert (shown["ledger_delete_retention"], shown["delete_requires_archival"]) == (0, True)
+        refused = shell("deleteledger", ledger, uri=cluster.uri)
+        assert refused.returncode == 1
+        assert "setarchived" in refused.stderr
+        archived = shell("setarchived", ledger, uri=cluster.uri)
+        assert archived.stdout.strip() == f"ledger {ledger} is now archived"
+        deleted = shell("deleteledger", ledger, uri=cluster.uri)
+        assert deleted.returncode == 0, deleted.stderr
+        assert "tombstone is written" in deleted.stdout
+        gone, late = shells(("ledgermetadata", ledger), ("undeleteledger", ledger), uri=cluster.uri)
+        assert (gone.returncode, late.returncode) == (3, 3)
+        assert "past its retention" in late.stderr
+        bad = cluster_command("settings", "--set", "tombstone_retention=soon", uri=cluster.uri)
+        assert bad.returncode == 1
+        assert "tombstone_retention" in bad.stderr
+        assert "Traceback" not in bad.stderr
+    finally:
+        restored = cluster_command(
+            "settings",
+            "--set",
+            "ledger_delete_retention=86400",
+            "--set",
+            "delete_requires_archival=false",
+            uri=cluster.uri,
+        )
+        assert restored.returncode == 0, restored.stderr
 
 
 # --- auto-recovery settings -----------------------------------------------------------------

@@ -44,6 +44,7 @@ from tally.core.lost_bookies import (
 )
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import AvailableBookies
+from tally.metadata.deletion import sweep_deletions
 from tally.metadata.key_ops import Watcher
 from tally.metadata.paths import check_bookie_id
 from tally.metadata.underreplication import AuditorCheck
@@ -130,6 +131,7 @@ class Auditor:
             AuditorCheck.CHECK_ALL_LEDGERS: config.auditor_periodic_check_interval,
             AuditorCheck.PLACEMENT_POLICY: config.auditor_periodic_placement_policy_check_interval,
             AuditorCheck.REPLICAS: config.auditor_replicas_check_interval,
+            AuditorCheck.DELETIONS: config.auditor_deletion_check_interval,
         }
         self._checks = {check: _CheckState(check, seconds) for check, seconds in intervals.items()}
 
@@ -493,7 +495,36 @@ class Auditor:
         if check is AuditorCheck.PLACEMENT_POLICY:
             with metrics.PLACEMENT_POLICY_CHECK_TIME.time():
                 return await placement_check(self.context, self.config, self._now_ms)
+        if check is AuditorCheck.DELETIONS:
+            return await self._deletion_check()
         return await self._run_replicas_check()
+
+    async def _deletion_check(self) -> int:
+        """Tombstone what is past its retention, remove old tombstones; the stuck ones."""
+        report = await sweep_deletions(self.context.ledgers, self._now_ms())
+        metrics.DELETED_LEDGERS.set(report.deleted_ledgers)
+        metrics.TOMBSTONES.set(report.tombstones)
+        metrics.TOMBSTONES_PENDING.set(report.tombstones_pending)
+        metrics.DELETIONS_STUCK.set(len(report.stuck))
+        metrics.TOMBSTONES_WITH_VIOLATIONS.set(len(report.with_violations))
+        for ledger_id in report.stuck:
+            log.warning(
+                "deletion check: ledger %s is deletion_stuck: bookies still hold its data "
+                "past deletion_stuck_after (see its tombstone)",
+                ledger_id,
+            )
+        log.info(
+            "deletion check: %d tombstoned, %d tombstones removed; %d DELETED within their "
+            "retention, %d tombstones (%d pending, %d stuck, %d with violations at deletion)",
+            len(report.tombstoned),
+            len(report.tombstones_removed),
+            report.deleted_ledgers,
+            report.tombstones,
+            report.tombstones_pending,
+            len(report.stuck),
+            len(report.with_violations),
+        )
+        return len(report.stuck)
 
     def _now_ms(self) -> int:
         return _ms(self._clock())

@@ -71,3 +71,21 @@ BOOKIE_REQUEST_FAILURES = Counter(
     "Entry reads of the ledger check that failed, by error (NoSuchEntry, Timeout, ...)",
     ["error"],
 )
+DELETED_LEDGERS = Gauge(
+    "auditor_deleted_ledgers",
+    "DELETED ledgers within their ledger_delete_retention (undeletable), at the last "
+    "deletion check",
+)
+TOMBSTONES = Gauge("auditor_tombstones", "Tombstones in the store at the last deletion check")
+TOMBSTONES_PENDING = Gauge(
+    "auditor_tombstones_pending",
+    "Tombstones with a named bookie yet to acknowledge dropping the ledger's data",
+)
+DELETIONS_STUCK = Gauge(
+    "auditor_deletion_stuck",
+    "Tombstones older than deletion_stuck_after with bookies still to acknowledge them",
+)
+TOMBSTONES_WITH_VIOLATIONS = Gauge(
+    "auditor_tombstones_with_violations",
+    "Tombstones of ledgers whose check at deletion found entries on fewer than WQ bookies",
+)

@@ -43,6 +43,10 @@ class AutoRecoveryConfig:
     auditor_replicas_check_interval: float = 86_400.0
     """Seconds between replicas checks (BookKeeper: 0, off, as its check costs one request
     per entry range; the availability encoding makes it cheap here); 0 turns it off."""
+    auditor_deletion_check_interval: float = 300.0
+    """Seconds between deletion checks: DELETED ledgers past ledger_delete_retention get
+    their tombstone, tombstones past tombstone_retention go, stuck ones are counted; 0
+    turns it off (then nothing deleted is ever tombstoned, unless the retention is 0)."""
     auditor_replicas_check_mode: str = "online"
     """`online`: the auditor asks bookies itself; `spark`: it runs the audit pipeline
     (snapshot, checks on Spark, confirm) and marks what it confirms."""
@@ -125,6 +129,7 @@ class AutoRecoveryConfig:
             "auditor_periodic_check_interval",
             "auditor_periodic_placement_policy_check_interval",
             "auditor_replicas_check_interval",
+            "auditor_deletion_check_interval",
             "underreplicated_ledger_recovery_grace_period",
             "open_ledger_rereplication_grace_period",
         ):

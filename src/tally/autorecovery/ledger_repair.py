@@ -126,6 +126,11 @@ class LedgerRepair:
         except NoSuchLedger:
             log.info("ledger %s: deleted; nothing to repair, removing its mark", self.name)
             return Turn(Outcome.REPLICATED)
+        if record.metadata.state is LedgerState.DELETED:
+            # Its data is kept for an undelete, not repaired: an undeleted ledger is back in
+            # the auditor's checks, which mark it again if it lacks copies.
+            log.info("ledger %s: DELETED; not repaired, removing its mark", self.name)
+            return Turn(Outcome.REPLICATED)
         keys = self.worker.keys_of(record.metadata)
         if keys is None:
             log.error(

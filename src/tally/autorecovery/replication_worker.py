@@ -46,7 +46,7 @@ from tally.autorecovery import replication_metrics as metrics
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.ledger_repair import LedgerRepair, Outcome, Turn
 from tally.client.context import ClientContext
-from tally.core.digest import DigestType, LedgerKeys, mac_key, master_key
+from tally.core.digest import LedgerKeys, master_key
 from tally.core.errors import (
     TallyError,
 )
@@ -256,10 +256,8 @@ class ReplicationWorker:
 
     def keys_of(self, metadata: LedgerMetadata) -> LedgerKeys | None:
         """The ledger's keys; None for an HMAC ledger whose password the worker lacks."""
-        if metadata.digest_type is not DigestType.HMAC:
-            return LedgerKeys(metadata.master_key, mac_key(b""))  # the MAC key goes unused
         password = self._passwords.get(metadata.master_key)
-        return None if password is None else LedgerKeys.of_password(password)
+        return LedgerKeys.for_maintenance(metadata.digest_type, metadata.master_key, password)
 
     def count_copy(self, size: int) -> None:
         self._entries_copied += 1

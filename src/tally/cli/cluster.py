@@ -1,8 +1,10 @@
-"""`tally cluster init | nuke`: create a cluster in a metadata store, or wipe it."""
+"""`tally cluster init | nuke | settings`: create a cluster in a metadata store, wipe it, or
+show and change the settings its processes share."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -11,10 +13,19 @@ from urllib.parse import urlsplit
 import typer
 
 from tally.cli.options import Metadata, required_metadata
+from tally.core.deletion import parse_seconds
 from tally.core.errors import TallyError
-from tally.metadata.cluster import InitResult, init_cluster, nuke_cluster, read_cluster
+from tally.metadata.cluster import (
+    InitResult,
+    init_cluster,
+    nuke_cluster,
+    read_cluster,
+    require_cluster,
+)
+from tally.metadata.cluster_settings import read_settings, write_settings
 from tally.metadata.store import DEFAULT_CONNECT_TIMEOUT, MetadataStore
 from tally.metadata.stores import open_store
+from tally.metadata.underreplication import UnderReplicationManager
 
 T = TypeVar("T")
 
@@ -90,3 +101,55 @@ def nuke(
         return f"nuked cluster {info.instance_id} in {metadata}: deleted {deleted} keys"
 
     typer.echo(_with_store(metadata, timeout, wipe))
+
+
+LOST_BOOKIE_RECOVERY_DELAY = "lost_bookie_recovery_delay"
+SettingChanges = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="KEY=VALUE: change a setting (repeat for several).", show_default=False
+    ),
+]
+
+
+@app.command("settings")
+def settings(
+    metadata: Metadata = None,
+    changes: SettingChanges = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT,
+) -> None:
+    """Show the cluster settings (delete retention, archival, tombstones, lost bookie
+    recovery delay), or change them with --set KEY=VALUE; durations are in seconds."""
+    uri = required_metadata(metadata)
+    wanted: dict[str, str] = {}
+    for change in changes or []:
+        key, sep, value = change.partition("=")
+        if not sep or not key.strip():
+            typer.echo(f"error: --set takes KEY=VALUE, got {change!r}", err=True)
+            raise typer.Exit(2)
+        wanted[key.strip()] = value
+    delay_text = wanted.pop(LOST_BOOKIE_RECOVERY_DELAY, None)
+
+    async def apply(store: MetadataStore) -> dict[str, object]:
+        await require_cluster(store, uri=uri)
+        under_replication = UnderReplicationManager(store)
+        current = await read_settings(store)
+        updated = current.with_text_values(wanted)
+        if delay_text is not None:
+            delay = parse_seconds(LOST_BOOKIE_RECOVERY_DELAY, delay_text)
+            await under_replication.set_lost_bookie_recovery_delay(delay)
+        if updated != current:
+            await write_settings(store, updated)
+        delay_now = await under_replication.lost_bookie_recovery_delay()
+        return {**updated.to_dict(), LOST_BOOKIE_RECOVERY_DELAY: delay_now}
+
+    shown = _with_store(uri, timeout, apply)
+    if json_output:
+        typer.echo(json.dumps(shown, indent=2))
+        return
+    for name, shown_value in shown.items():
+        text = str(shown_value).lower() if isinstance(shown_value, bool) else str(shown_value)
+        if name == LOST_BOOKIE_RECOVERY_DELAY and shown_value is None:
+            text = "unset (each auditor uses its configured default)"
+        typer.echo(f"{name} = {text}")

@@ -12,6 +12,7 @@ async with tally.Client("sqlite:///path/meta.db") as client:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -25,6 +26,7 @@ from typing import Self
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.client.context import ClientContext
+from tally.client.deletion import check_before_delete, recovery_for_delete
 from tally.client.reader import LedgerReader
 from tally.client.recovery import recover
 from tally.client.writer import LedgerWriter
@@ -39,9 +41,11 @@ from tally.core.placement import (
     RackAwarePlacementPolicy,
 )
 from tally.core.schedule import check_quorums
+from tally.metadata import deletion
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
-from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.deletion import DeleteOutcome
+from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.underreplication import UnderReplicationManager
@@ -74,8 +78,18 @@ class Client:
         self._ssl = ssl_context
         self._rng = random.Random(seed)
         self._store: MetadataStore | None = None
+        self._shared_store: MetadataStore | None = None
+        """A started session another component owns (`sharing`): used, never closed."""
         self._context: ClientContext | None = None
         self._writers: weakref.WeakSet[LedgerWriter] = weakref.WeakSet()
+
+    @classmethod
+    def sharing(cls, store: MetadataStore, *, config: ClientConfig | None = None) -> Client:
+        """A client on a started store session that another component owns (the admin
+        HTTP app of a bookie, say); closing the client leaves the session open."""
+        client = cls("shared://", config=config)
+        client._shared_store = store
+        return client
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -90,9 +104,12 @@ class Client:
         await self.close()
 
     async def start(self) -> None:
-        self._store = open_store(self.metadata_uri, session_timeout=self.config.session_timeout)
-        await self._store.start()
-        await require_cluster(self._store, uri=self.metadata_uri)
+        if self._shared_store is not None:
+            self._store = self._shared_store
+        else:
+            self._store = open_store(self.metadata_uri, session_timeout=self.config.session_timeout)
+            await self._store.start()
+            await require_cluster(self._store, uri=self.metadata_uri)
         registry = BookieRegistry(self._store)
         self._context = ClientContext(
             config=self.config,
@@ -123,7 +140,8 @@ class Client:
             await self._context.bookies.close()
             self._context = None
         if self._store is not None:
-            await self._store.close()
+            if self._store is not self._shared_store:
+                await self._store.close()
             self._store = None
 
     @property
@@ -181,7 +199,7 @@ class Client:
         """A reader. With `recovery`, an open ledger is first fenced and closed (its writer
         stops); without it, the view ends at the LAC the bookies report."""
         context = self.context
-        record = await context.ledgers.read_ledger_metadata(LedgerId.parse(ledger_id))
+        record = await deletion.read_undeleted(context.ledgers, LedgerId.parse(ledger_id))
         record.metadata.check_password(password, record.ledger_id)
         keys = LedgerKeys.of_password(password)
         if recovery:
@@ -191,6 +209,33 @@ class Client:
             await reader.update_last_add_confirmed()
         return reader
 
-    async def delete_ledger(self, ledger_id: LedgerId | int | str) -> None:
-        """Remove the ledger's metadata; its bookies' garbage collection frees the data."""
-        await self.context.ledgers.remove_ledger_metadata(LedgerId.parse(ledger_id))
+    async def delete_ledger(
+        self,
+        ledger_id: LedgerId | int | str,
+        *,
+        force: bool = False,
+        reason: str = "deleted by a client",
+        password: bytes | None = None,
+    ) -> DeleteOutcome:
+        """Delete the ledger through the cluster's delete path (metadata.deletion): checked
+        once more, DELETED (undeletable for `ledger_delete_retention`), then a tombstone its
+        bookies drop the data for. `force` recovers and closes an open ledger first (an HMAC
+        ledger's recovery takes its `password`)."""
+        context = self.context
+        return await deletion.delete_ledger(
+            context.ledgers,
+            LedgerId.parse(ledger_id),
+            reason=reason,
+            now_ms=int(time.time() * 1000),
+            force=force,
+            recover=recovery_for_delete(context, password),
+            check=functools.partial(check_before_delete, context),
+        )
+
+    async def undelete_ledger(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
+        """Bring a DELETED ledger back, unchanged, while it is within its retention."""
+        return await deletion.undelete_ledger(self.context.ledgers, LedgerId.parse(ledger_id))
+
+    async def set_archived(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
+        """Set a closed ledger's archival bit, once an archiver copied it elsewhere."""
+        return await deletion.set_archived(self.context.ledgers, LedgerId.parse(ledger_id))

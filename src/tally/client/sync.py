@@ -18,6 +18,8 @@ from tally.client.reader import LedgerEntry, LedgerReader
 from tally.client.writer import LedgerWriter
 from tally.core.digest import DigestType
 from tally.core.ids import LedgerId
+from tally.metadata.deletion import DeleteOutcome
+from tally.metadata.ledger_manager import LedgerRecord
 
 T = TypeVar("T")
 
@@ -105,8 +107,23 @@ class SyncClient:
         )
         return SyncLedgerReader(self._loop, reader)
 
-    def delete_ledger(self, ledger_id: LedgerId | int | str) -> None:
-        self._loop.run(self._client.delete_ledger(ledger_id))
+    def delete_ledger(
+        self,
+        ledger_id: LedgerId | int | str,
+        *,
+        force: bool = False,
+        reason: str = "deleted by a client",
+        password: bytes | None = None,
+    ) -> DeleteOutcome:
+        return self._loop.run(
+            self._client.delete_ledger(ledger_id, force=force, reason=reason, password=password)
+        )
+
+    def undelete_ledger(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
+        return self._loop.run(self._client.undelete_ledger(ledger_id))
+
+    def set_archived(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
+        return self._loop.run(self._client.set_archived(ledger_id))
 
 
 class SyncLedgerWriter:

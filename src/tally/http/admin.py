@@ -34,10 +34,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from pydantic import BaseModel, Field
 
 from tally.bookie.config import BookieConfig
+from tally.bookie.garbage_collector import GarbageCollector, Orphan
+from tally.client.client import Client
 from tally.core.disk_usage import DiskState
 from tally.core.errors import (
     BadRequest,
     ClusterNotInitialised,
+    DeleteRefused,
+    LedgerDeleted,
     MalformedData,
     MetadataStoreError,
     NoSuchKey,
@@ -46,7 +50,9 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
+from tally.metadata import deletion
 from tally.metadata.auditor_election import who_is_auditor
+from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.store import MetadataStore
 from tally.metadata.underreplication import UnderReplicationManager
@@ -74,6 +80,11 @@ class LocalBookie(Protocol):
     def disk(self) -> DiskState: ...
     @property
     def config(self) -> BookieConfig: ...
+    @property
+    def garbage_collector(self) -> GarbageCollector: ...
+
+
+LedgerQuery = Annotated[str, Query(description="Ledger id (42) or qualified name (32 hex digits)")]
 
 
 class LocalAutoRecovery(Protocol):
@@ -105,7 +116,8 @@ _STATES = {
 _ERROR_STATUS: tuple[tuple[tuple[type[TallyError], ...], int], ...] = (
     ((MalformedData,), 500),
     ((BadRequest,), 400),
-    ((NoSuchLedger, NoSuchKey), 404),
+    ((NoSuchLedger, NoSuchKey, LedgerDeleted), 404),
+    ((DeleteRefused,), 409),
     ((ClusterNotInitialised, MetadataStoreError, Timeout), 503),
 )
 """The first row whose types match an error gives the status; anything else is 500.
@@ -128,6 +140,7 @@ def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     meaning = {
         400: "A parameter is invalid; `reason` says which and why",
         404: "Not found; `reason` says what",
+        409: "Refused by the cluster's delete discipline; `reason` says why",
         500: "Stored metadata does not decode; `reason` names the key",
         503: "The metadata store is unreachable",
     }
@@ -253,12 +266,95 @@ def create_app(
         responses=_documented(400, 404, 500, 503),
     )
     async def ledger_metadata(
-        ledger_id: Annotated[
-            str, Query(description="Ledger id (42) or qualified name (32 hex digits)")
-        ],
+        ledger_id: LedgerQuery,
     ) -> dict[str, Any]:
         """The ledger's metadata, with every segment's ensemble of bookies."""
         return ledger_view(await ledgers.read_ledger_metadata(LedgerId.parse(ledger_id)))
+
+    @app.delete(
+        "/api/v1/ledger/delete",
+        summary="Delete a ledger (the cluster's delete path)",
+        responses=_documented(400, 404, 409, 503),
+    )
+    async def delete_ledger(
+        ledger_id: LedgerQuery,
+        force: Annotated[bool, Query(description="Recover and close an OPEN ledger first")] = False,
+        reason: Annotated[str, Query(description="Why, kept with the deletion")] = (
+            "deleted through the admin HTTP API"
+        ),
+    ) -> dict[str, Any]:
+        """Checked on its bookies, then DELETED (undeletable for the cluster's
+        ledger_delete_retention), then a tombstone; as `tally shell deleteledger`."""
+        async with Client.sharing(store) as client:
+            outcome = await client.delete_ledger(
+                LedgerId.parse(ledger_id), force=force, reason=reason
+            )
+        return {
+            "ledger_id": str(outcome.ledger_id),
+            "deletion": outcome.deletion.to_dict(),
+            "tombstoned": outcome.tombstone is not None,
+        }
+
+    @app.put(
+        "/api/v1/ledger/undelete",
+        summary="Undelete a DELETED ledger within its retention",
+        responses=_documented(400, 404, 409, 503),
+    )
+    async def undelete_ledger(
+        ledger_id: LedgerQuery,
+    ) -> dict[str, Any]:
+        """The ledger's metadata, CLOSED again and otherwise as before the delete."""
+        return ledger_view(await deletion.undelete_ledger(ledgers, LedgerId.parse(ledger_id)))
+
+    @app.get("/api/v1/cluster/settings", summary="The cluster settings", responses=_documented(503))
+    async def cluster_settings() -> dict[str, Any]:
+        """The settings every process of the cluster shares (`tally cluster settings`)."""
+        return (await read_settings(store)).to_dict()
+
+    @app.put(
+        "/api/v1/bookie/gc",
+        summary="Run this bookie's garbage collection now",
+        responses=_documented(404, 503),
+    )
+    async def trigger_gc() -> Any:
+        """One run, over-replication included; answers when it is done, with what it did."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        return (await bookie.garbage_collector.trigger()).to_dict()
+
+    @app.get("/api/v1/bookie/gc_details", summary="This bookie's last GC runs")
+    async def gc_details() -> Any:
+        """The last runs, newest first."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        return bookie.garbage_collector.details()
+
+    @app.get("/api/v1/bookie/gc/orphans", summary="Ledgers held here with no metadata")
+    async def gc_orphans() -> Any:
+        """Ledgers this bookie holds that have neither metadata nor tombstone: kept until
+        an operator deletes them (DELETE on this path)."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        return [_orphan_view(orphan) for orphan in await bookie.garbage_collector.orphans()]
+
+    @app.delete("/api/v1/bookie/gc/orphans", summary="Delete this bookie's orphan ledgers")
+    async def delete_gc_orphans(
+        ledger_id: Annotated[
+            list[str] | None,
+            Query(description="Only these ledgers (each checked to be an orphan still)"),
+        ] = None,
+    ) -> Any:
+        """Delete the orphans (each looked up once more first); the ledgers deleted."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        collector = bookie.garbage_collector
+        wanted = (
+            [LedgerId.parse(name) for name in ledger_id]
+            if ledger_id
+            else [orphan.ledger_id for orphan in await collector.orphans()]
+        )
+        deleted = await collector.delete_orphans(wanted)
+        return [str(found) for found in deleted]
 
     @app.get(
         "/api/v1/autorecovery/list_under_replicated_ledger",
@@ -356,6 +452,10 @@ def create_app(
         return autorecovery.status()
 
     return app
+
+
+def _orphan_view(orphan: Orphan) -> dict[str, Any]:
+    return {**_ids(orphan.ledger_id), "entries": orphan.entries, "bytes": orphan.bytes}
 
 
 def _ids(ledger_id: LedgerId) -> dict[str, str]:

@@ -23,7 +23,7 @@ from tally.core.errors import (
     NotEmpty,
 )
 from tally.metadata import json_records
-from tally.metadata.paths import CLUSTER, READONLY, ROOTS, WRITABLE
+from tally.metadata.paths import CLUSTER, READONLY, ROOTS, SETTINGS, WRITABLE
 from tally.metadata.store import ROOT, Create, Delete, MetadataStore, join, parent_of
 
 LAYOUT_VERSION = 1
@@ -162,6 +162,7 @@ async def nuke_cluster(
     for root in (r for r in ROOTS if parent_of(r) == ROOT):
         deleted += await _delete_below(store, root)
         deleted += await _delete(store, root)
+    deleted += await _delete(store, SETTINGS)
     return deleted + await _delete(store, CLUSTER)
 
 

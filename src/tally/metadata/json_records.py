@@ -57,10 +57,28 @@ class Record:
             raise MalformedData(f"{self.source}: field {name!r} is not {what}: {value!r}")
         return value
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The fields the record has."""
+        return frozenset(self._fields)
+
+    def flag(self, name: str) -> bool:
+        if name not in self._fields:
+            raise MalformedData(f"{self.source}: the record has no {name!r} field")
+        value = self._fields[name]
+        if not isinstance(value, bool):
+            raise MalformedData(f"{self.source}: field {name!r} is not true or false: {value!r}")
+        return value
+
     def text(self, name: str) -> str:
         value: str = self._take(name, str, "a non-empty string")
         if not value:
             raise MalformedData(f"{self.source}: field {name!r} is empty")
+        return value
+
+    def string(self, name: str) -> str:
+        """A string that may be empty."""
+        value: str = self._take(name, str, "a string")
         return value
 
     def integer(self, name: str, low: int = 0) -> int:
@@ -73,6 +91,12 @@ class Record:
         if name in self._fields and self._fields[name] is None:
             return None
         return self.integer(name, low)
+
+    def optional_integers(self, name: str) -> tuple[int | None, ...]:
+        values: list[Any] = self._take(name, list, "a list of integers or nulls")
+        if not all(value is None or type(value) is int for value in values):
+            raise MalformedData(f"{self.source}: field {name!r} holds an item that is no integer")
+        return tuple(values)
 
     def texts(self, name: str) -> tuple[str, ...]:
         values: list[Any] = self._take(name, list, "a list of strings")

@@ -36,7 +36,6 @@ from tally.metadata.key_ops import Watcher
 from tally.metadata.ledger_tree import (
     DEFAULT_PAGE_SIZE,
     create_with_parents,
-    prune_parents,
     walk,
 )
 from tally.metadata.paths import (
@@ -214,21 +213,6 @@ class LedgerManager:
         raise MetadataVersionConflict(
             f"ledger {ledger_id}: its metadata kept changing over {attempts} attempts to update it"
         )
-
-    async def remove_ledger_metadata(
-        self, ledger_id: LedgerId, expected_version: int | None = None
-    ) -> None:
-        """Delete the metadata (if at `expected_version`, when given) and emptied parents."""
-        try:
-            await self.store.delete(LEDGER_METADATA.path(ledger_id), expected_version)
-        except NoSuchKey:
-            raise _no_such_ledger(ledger_id) from None
-        except MetadataVersionConflict:
-            raise MetadataVersionConflict(
-                f"ledger {ledger_id} metadata is no longer at version {expected_version}; "
-                "not deleted"
-            ) from None
-        await prune_parents(self.store, LEDGER_METADATA.parents(ledger_id))
 
     async def watch_ledger_metadata(
         self, ledger_id: LedgerId, callback: Callable[[LedgerRecord | None], object]

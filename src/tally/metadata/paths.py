@@ -22,6 +22,9 @@ BookKeeper's layout, with each kind of key under a root of its own::
     /underreplication/lost/...             entries no copy is left of, split as /ledgers is
     /underreplication/lost-scoped/...      ... and as /ledgers-scoped is
     /auditor/vote-<sequence>               ephemeral sequential auditor election votes
+    /settings                              the cluster settings (core.deletion.ClusterSettings)
+    /tombstones/...                        tombstones of deleted ledgers, split as /ledgers is
+    /tombstones-scoped/...                 ... and as /ledgers-scoped is
 
 Per-ledger keys form a hierarchy so that no key has millions of children, whatever the
 ids. A scope-0 id is written in 20 decimal digits (an unsigned 64-bit id has up to 20)
@@ -62,6 +65,8 @@ AUDIT_REQUEST = "/underreplication/audit_request"
 LOST_ENTRIES = "/underreplication/lost"
 AUDITOR = "/auditor"
 AUDITOR_VOTE_PREFIX = "/auditor/vote-"
+SETTINGS = "/settings"
+TOMBSTONES = "/tombstones"
 
 LEAF_PREFIX = "L"
 SCOPED_SUFFIX = "-scoped"
@@ -167,6 +172,7 @@ class LedgerTree:
 LEDGER_METADATA = LedgerTree(LEDGERS)
 UNDER_REPLICATION_MARKS = LedgerTree(UNDERREPLICATED_LEDGERS)
 LOST_ENTRY_RECORDS = LedgerTree(LOST_ENTRIES)
+TOMBSTONE_RECORDS = LedgerTree(TOMBSTONES)
 
 ROOTS = (
     IDGEN,
@@ -185,6 +191,8 @@ ROOTS = (
     LOST_ENTRIES,
     LOST_ENTRIES + SCOPED_SUFFIX,
     AUDITOR,
+    TOMBSTONES,
+    TOMBSTONES + SCOPED_SUFFIX,
 )
 """The persistent parents `tally cluster init` creates, each after its own parent."""
 

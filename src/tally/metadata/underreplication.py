@@ -69,6 +69,7 @@ class AuditorCheck(enum.Enum):
     CHECK_ALL_LEDGERS = "check_all_ledgers"
     PLACEMENT_POLICY = "placement_policy_check"
     REPLICAS = "replicas_check"
+    DELETIONS = "deletion_check"
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,24 @@ class UnderReplicationManager:
             raise
         await prune_parents(self.store, UNDER_REPLICATION_MARKS.parents(lock.ledger_id))
         return True
+
+    @contextlib.asynccontextmanager
+    async def held_unmarked(self, ledger_id: LedgerId) -> AsyncIterator[bool]:
+        """Hold the ledger's replication lock while the ledger is not marked (a bookie's GC
+        trims extra copies under it, BookKeeper's rule, so that no repair copies meanwhile).
+        Yields False, holding nothing, when a worker holds the lock or the ledger is marked:
+        its extra copies may be what a repair reads."""
+        path = lock_path(ledger_id)
+        try:
+            await self.store.create(path, ephemeral=True)
+        except KeyExists:
+            yield False
+            return
+        session = self.store.session_id
+        try:
+            yield await self.under_replicated(ledger_id) is None
+        finally:
+            await self._unlock(ledger_id, session)
 
     def _check_own(self, lock: ReplicationLock) -> None:
         if lock.session_id != self.store.session_id:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli.shell import autorecovery, bookies, cookies, ledgers, simpletest
+from tally.cli.shell import autorecovery, bookies, cookies, deletes, ledgers, simpletest
 from tally.cli.shell.common import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -48,7 +48,9 @@ app.command("bookieinfo")(bookies.bookie_info)
 app.command("listledgers")(ledgers.list_ledgers)
 app.command("ledgermetadata")(ledgers.ledger_metadata)
 app.command("readledger")(ledgers.read_ledger)
-app.command("deleteledger")(ledgers.delete_ledger)
+app.command("deleteledger")(deletes.delete_ledger)
+app.command("undeleteledger")(deletes.undelete_ledger)
+app.command("setarchived")(deletes.set_archived)
 app.command("recover")(ledgers.recover_ledger)
 app.command("simpletest")(simpletest.simple_test)
 app.command("whoisauditor")(autorecovery.who_is_the_auditor)

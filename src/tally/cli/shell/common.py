@@ -23,6 +23,7 @@ from tally.core.errors import (
     ClusterNotInitialised,
     InvalidMetadataTransition,
     KeyExists,
+    LedgerDeleted,
     MalformedData,
     MetadataStoreError,
     NoSuchKey,
@@ -84,7 +85,7 @@ Force = Annotated[bool, typer.Option("--force", help="Required: confirms the del
 # --- running a command ----------------------------------------------------------------------
 
 _EXIT_CODES: tuple[tuple[tuple[type[TallyError], ...], int], ...] = (
-    ((NoSuchLedger, NoSuchKey), EXIT_NOT_FOUND),
+    ((NoSuchLedger, NoSuchKey, LedgerDeleted), EXIT_NOT_FOUND),
     ((KeyExists, NotEmpty), EXIT_FAILED),
     ((ClusterNotInitialised, MetadataStoreError), EXIT_UNAVAILABLE),
     ((MalformedData, InvalidMetadataTransition), EXIT_FAILED),

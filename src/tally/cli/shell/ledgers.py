@@ -1,4 +1,4 @@
-"""`listledgers`, `ledgermetadata`, `readledger`, `deleteledger` and `recover`: one ledger or
+"""`listledgers`, `ledgermetadata`, `readledger` and `recover`: one ledger or
 all of them, looked at through the store or, for entries and recovery, through a client.
 """
 
@@ -17,12 +17,9 @@ from tally.cli.options import Metadata
 from tally.cli.shell import output
 from tally.cli.shell.common import (
     EXIT_FAILED,
-    EXIT_USAGE,
-    Force,
     Json,
     Ledger,
     Password,
-    fail,
     open_client,
     run,
     with_store,
@@ -137,17 +134,6 @@ async def _print_entries(reader: LedgerReader, first: int, last: int, json_lines
             progress.advance(task)
     if not json_lines:
         output.console().print(table)
-
-
-def delete_ledger(ledger: Ledger, force: Force = False, metadata: Metadata = None) -> None:
-    """Delete a ledger's metadata; its bookies' garbage collection then frees the data."""
-    if not force:
-        raise fail(
-            f"refusing to delete ledger {ledger} without --force: its entries become unreachable",
-            EXIT_USAGE,
-        )
-    with_store(metadata, lambda store: LedgerManager(store).remove_ledger_metadata(ledger))
-    typer.echo(f"deleted ledger {ledger}")
 
 
 def recover_ledger(
