@@ -15,25 +15,17 @@ from tally.core.deletion import (
     plan_delete,
     tombstone_due,
 )
-from tally.core.digest import DigestType
 from tally.core.errors import BadSetting, DeleteRefused
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import Deletion, LedgerMetadata
+from tests.support.ledgers import open_ledger as new_ledger
 
 LEDGER = LedgerId.classic(7)
 E3 = ("bk1:3181", "bk2:3181", "bk3:3181")
 
 
 def open_ledger() -> LedgerMetadata:
-    return LedgerMetadata.create(
-        ensemble=E3,
-        write_quorum=2,
-        ack_quorum=2,
-        digest_type=DigestType.CRC32C,
-        password=b"",
-        ctime_ms=1,
-        creator_token=b"t",
-    )
+    return new_ledger(E3, 2)
 
 
 def closed() -> LedgerMetadata:

@@ -12,6 +12,21 @@ from tally.core.schedule import write_set
 BOOKIES = tuple(f"b{i}" for i in range(8))
 
 
+def open_ledger(
+    ensemble: Sequence[str], write_quorum: int, ack_quorum: int | None = None
+) -> LedgerMetadata:
+    """A new OPEN ledger on `ensemble` (AQ = WQ unless given)."""
+    return LedgerMetadata.create(
+        ensemble=tuple(ensemble),
+        write_quorum=write_quorum,
+        ack_quorum=write_quorum if ack_quorum is None else ack_quorum,
+        digest_type=DigestType.CRC32C,
+        password=b"pw",
+        ctime_ms=0,
+        creator_token=b"t",
+    )
+
+
 def rotating_ledger(
     e: int,
     wq: int,
@@ -22,15 +37,7 @@ def rotating_ledger(
 ) -> LedgerMetadata:
     """A ledger whose k-th ensemble change (at the sorted `changes`) shifts the ensemble k
     places along `bookies`; closed at `last`, or OPEN when None."""
-    metadata = LedgerMetadata.create(
-        ensemble=tuple(bookies[:e]),
-        write_quorum=wq,
-        ack_quorum=aq,
-        digest_type=DigestType.CRC32C,
-        password=b"pw",
-        ctime_ms=0,
-        creator_token=b"t",
-    )
+    metadata = open_ledger(bookies[:e], wq, aq)
     for shift, first in enumerate(sorted(set(changes)), start=1):
         ensemble = tuple(bookies[(i + shift) % len(bookies)] for i in range(e))
         metadata = metadata.with_ensemble_change(first, ensemble)

@@ -73,6 +73,12 @@ class BookieConfig:
     limbo_check_interval: float = 30.0
     """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
     they are closed and whole again, or still need marking for repair."""
+    gc_wait_time: float = 600.0
+    """Seconds between two garbage collection runs (gcWaitTime): tombstones read, their
+    ledgers dropped and acknowledged, space reclaimed."""
+    gc_overreplicated_ledger_wait_time: float = 86400.0
+    """Seconds between two looks for over-replicated ledgers and orphans
+    (gcOverreplicatedLedgerWaitTime): every ledger held here is looked up in the store."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     tls_cert: Path | None = None
     """PEM certificate chain; with tls_key, the bookie speaks TLS only."""
@@ -85,7 +91,13 @@ class BookieConfig:
             split_host_port(self.listen, port_zero=True)
         except BadRequest as error:
             raise BadSetting("listen", str(error)) from None
-        for name in ("session_timeout", "flush_interval", "disk_check_interval"):
+        for name in (
+            "session_timeout",
+            "flush_interval",
+            "disk_check_interval",
+            "gc_wait_time",
+            "gc_overreplicated_ledger_wait_time",
+        ):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")
         check(self.journal_max_batch_delay >= 0, "journal_max_batch_delay", "must not be negative")
         check(

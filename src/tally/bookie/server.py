@@ -27,6 +27,7 @@ from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
 from tally.bookie.connection import BookieConnectionHandler
 from tally.bookie.cookie_check import verify_or_format
+from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
 from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries
 from tally.bookie.journal_format import JournalMark
@@ -81,6 +82,7 @@ class Bookie:
         self._keeps_entries = False
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
+        self._gc: GarbageCollector | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[BookieConnectionHandler] = set()
         self._stopping = False
@@ -102,6 +104,11 @@ class Bookie:
     def storage(self) -> LedgerStorage:
         assert self._storage is not None, "bookie not started"
         return self._storage
+
+    @property
+    def garbage_collector(self) -> GarbageCollector:
+        assert self._gc is not None, "bookie not started"
+        return self._gc
 
     @property
     def disk(self) -> DiskState:
@@ -212,10 +219,20 @@ class Bookie:
             config.limbo_check_interval,
             self.metrics.ledgers_in_limbo.set,
         )
+        self._gc = GarbageCollector(
+            self.storage,
+            self._store,
+            self.bookie_id,
+            wait_time=config.gc_wait_time,
+            overreplicated_wait_time=config.gc_overreplicated_ledger_wait_time,
+            checkpoint=lambda: asyncio.to_thread(self._checkpoint_now),
+            metrics=GcMetrics(self.metrics.registry),
+        )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
             asyncio.create_task(self._disk_loop(), name="disk-check"),
             asyncio.create_task(limbo.run(), name="limbo"),
+            asyncio.create_task(self._gc.run(), name="gc"),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",

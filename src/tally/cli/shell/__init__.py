@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli.shell import autorecovery, bookies, cookies, deletes, ledgers, simpletest
+from tally.cli.shell import autorecovery, bookies, cookies, deletes, gc, ledgers, simpletest
 from tally.cli.shell.common import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -53,6 +53,8 @@ app.command("undeleteledger")(deletes.undelete_ledger)
 app.command("setarchived")(deletes.set_archived)
 app.command("recover")(ledgers.recover_ledger)
 app.command("simpletest")(simpletest.simple_test)
+app.command("triggergc")(gc.trigger_gc)
+app.command("gcstatus")(gc.gc_status)
 app.command("whoisauditor")(autorecovery.who_is_the_auditor)
 app.command("listunderreplicated")(autorecovery.list_under_replicated)
 app.command("triggeraudit")(autorecovery.trigger_audit)
@@ -63,6 +65,12 @@ cookie_app = typer.Typer(
 cookie_app.command("get")(cookies.cookie_get)
 cookie_app.command("delete")(cookies.cookie_delete)
 app.add_typer(cookie_app)
+
+gc_app = typer.Typer(
+    name="gc", help="A bookie's garbage collection: what it keeps.", no_args_is_help=True
+)
+gc_app.command("orphans")(gc.gc_orphans)
+app.add_typer(gc_app)
 
 delay_app = typer.Typer(
     name="lostbookierecoverydelay",

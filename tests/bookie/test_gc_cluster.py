@@ -1,0 +1,186 @@
+"""Deleting ledgers on a real cluster (bookie processes, sqlite store, the shell): tombstones
+acknowledged by every bookie, one of them when it comes back, and data whose metadata went
+behind the delete path's back kept and reported until an operator deletes it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tally.client.bookie_connection import BookieConnection
+from tally.client.client import Client
+from tally.core.deletion import ClusterSettings
+from tally.core.errors import NoSuchLedger
+from tally.core.ids import LedgerId
+from tally.metadata.cluster_settings import write_settings
+from tally.metadata.deletion import sweep_deletions
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.paths import LEDGER_METADATA
+from tally.metadata.tombstones import read_tombstone
+from tests.support.cluster import Cluster, store_session
+from tests.support.processes import BookieProcess, environment, init_cluster
+
+PASSWORD = b"gc"
+ENTRIES = 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("gc-cluster")
+    found = Cluster(init_cluster(root), root)
+    found.bookies = [
+        BookieProcess(found.uri, root / f"bookie-{i}", extra=("--metrics-port", "0"))
+        for i in range(3)
+    ]
+    with environment({"TALLY_BOOKIE_GC_WAIT_TIME": "3600"}):
+        found._start_all(found.bookies)
+    try:
+        yield found
+    finally:
+        found.shutdown()
+
+
+def shell(*args: str, uri: str) -> subprocess.CompletedProcess[str]:
+    variables = {k: v for k, v in os.environ.items() if k != "TALLY_METADATA"}
+    command = [sys.executable, "-m", "tally.cli.main", "shell", *args, "--metadata", uri]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=False, env=variables
+    )
+
+
+def triggergc(cluster: Cluster, *bookie: str) -> dict[str, dict[str, object]]:
+    options = ("--bookie", bookie[0]) if bookie else ()
+    done = shell("triggergc", *options, "--json", uri=cluster.uri)
+    assert done.returncode == 0, done.stderr
+    runs: dict[str, dict[str, object]] = json.loads(done.stdout)
+    return runs
+
+
+async def settings(uri: str, **values: int) -> None:
+    async with store_session(uri) as store:
+        await write_settings(store, ClusterSettings(**values))  # type: ignore[arg-type]
+
+
+async def write_ledger(uri: str, ensemble_size: int = 3) -> LedgerId:
+    async with Client(uri) as client:
+        writer = await client.create_ledger(
+            ensemble_size=ensemble_size, write_quorum=ensemble_size, ack_quorum=2,
+            password=PASSWORD,
+        )  # fmt: skip
+        for entry_id in range(ENTRIES):
+            await writer.append(b"entry %d" % entry_id)
+        await writer.close()
+        return writer.ledger_id
+
+
+async def held_by(bookie: str, ledger_id: LedgerId) -> int:
+    connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+    try:
+        return len(await connection.get_list_of_entries(ledger_id))
+    except NoSuchLedger:
+        return 0
+    finally:
+        await connection.close()
+
+
+async def delete(uri: str, ledger_id: LedgerId) -> None:
+    async with Client(uri) as client:
+        outcome = await client.delete_ledger(ledger_id, reason="test")
+        assert outcome.tombstone is not None
+        assert outcome.deletion.violations == 0, outcome.deletion.detail
+
+
+def test_every_bookie_drops_a_tombstoned_ledger_one_when_it_returns(cluster: Cluster) -> None:
+    async def scenario() -> None:
+        await settings(cluster.uri, ledger_delete_retention=0)
+        kept, doomed, later = [await write_ledger(cluster.uri) for _ in range(3)]
+        bookies = [b.address for b in cluster.bookies]
+        assert [await held_by(b, doomed) for b in bookies] == [ENTRIES] * 3
+
+        await delete(cluster.uri, doomed)
+        runs = await asyncio.to_thread(triggergc, cluster)
+        assert all(run["ledgers_deleted"] == [doomed.qualified_name] for run in runs.values())
+        assert [await held_by(b, doomed) for b in bookies] == [0, 0, 0]
+        assert [await held_by(b, kept) for b in bookies] == [ENTRIES] * 3
+        async with store_session(cluster.uri) as store:
+            found = await read_tombstone(store, doomed)
+            assert found is not None
+            assert not found.tombstone.pending
+
+        away = cluster.bookies[2]
+        away.stop()
+        await delete(cluster.uri, later)
+        await asyncio.to_thread(triggergc, cluster, bookies[0])
+        async with store_session(cluster.uri) as store:
+            found = await read_tombstone(store, later)
+            assert found is not None
+            assert found.tombstone.pending == {bookies[1], away.address}
+        cluster.restart([away.address])
+        await asyncio.to_thread(triggergc, cluster)
+        assert [await held_by(b, later) for b in bookies] == [0, 0, 0]
+        async with store_session(cluster.uri) as store:
+            found = await read_tombstone(store, later)
+            assert found is not None
+            assert not found.tombstone.pending
+        async with Client(cluster.uri) as client:
+            reader = await client.open_ledger(kept, password=PASSWORD)
+            assert reader.last_entry_id == ENTRIES - 1
+
+    asyncio.run(scenario())
+
+
+def test_data_without_metadata_is_kept_reported_and_deleted_on_order(cluster: Cluster) -> None:
+    async def scenario() -> None:
+        bookies = [b.address for b in cluster.bookies]
+        ledger_id = await write_ledger(cluster.uri)
+        async with store_session(cluster.uri) as store:
+            await store.delete(LEDGER_METADATA.path(ledger_id))  # behind the delete path
+        runs = await asyncio.to_thread(triggergc, cluster)
+        assert all(ledger_id.qualified_name in run["orphans"] for run in runs.values())
+        assert [await held_by(b, ledger_id) for b in bookies] == [ENTRIES] * 3
+
+        listed = shell("gc", "orphans", "--bookie", bookies[0], "--json", uri=cluster.uri)
+        assert listed.returncode == 0, listed.stderr
+        report = json.loads(listed.stdout)
+        assert [o["ledger_id"] for o in report["orphans"]] == [str(ledger_id)]
+        assert report["deleted"] is None
+        assert await held_by(bookies[0], ledger_id) == ENTRIES
+        ordered = shell("gc", "orphans", "--bookie", bookies[0], "--delete", uri=cluster.uri)
+        assert ordered.returncode == 0, ordered.stderr
+        assert f"deleted 1 orphan ledger(s): {ledger_id}" in ordered.stdout
+        assert [await held_by(b, ledger_id) for b in bookies] == [0, ENTRIES, ENTRIES]
+        status = shell("gcstatus", "--bookie", bookies[1], uri=cluster.uri)
+        assert status.returncode == 0, status.stderr
+        assert "orphans" in status.stdout
+
+    asyncio.run(scenario())
+
+
+def test_a_bookie_away_past_tombstone_retention_keeps_the_data_as_orphan(
+    cluster: Cluster,
+) -> None:
+    async def scenario() -> None:
+        await settings(cluster.uri, ledger_delete_retention=0, tombstone_retention=0)
+        bookies = [b.address for b in cluster.bookies]
+        ledger_id = await write_ledger(cluster.uri)
+        away = cluster.bookies[1]
+        away.stop()
+        await delete(cluster.uri, ledger_id)
+        await asyncio.to_thread(triggergc, cluster, bookies[0])
+        async with store_session(cluster.uri) as store:
+            report = await sweep_deletions(LedgerManager(store), now_ms=2**62)
+        assert ledger_id in report.tombstones_removed
+        cluster.restart([away.address])
+        runs = await asyncio.to_thread(triggergc, cluster, away.address)
+        assert runs[away.address]["ledgers_deleted"] == []
+        assert ledger_id.qualified_name in runs[away.address]["orphans"]
+        assert await held_by(away.address, ledger_id) == ENTRIES
+        await settings(cluster.uri, ledger_delete_retention=0)
+
+    asyncio.run(scenario())
