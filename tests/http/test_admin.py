@@ -80,11 +80,14 @@ class Served:
         return await asyncio.to_thread(_get, f"http://127.0.0.1:{self.port}{path}")
 
     async def put(self, path: str, body: object = None) -> Answer:
+        return await self.send("PUT", path, body)
+
+    async def send(self, method: str, path: str, body: object = None) -> Answer:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}",
             data=None if body is None else json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
-            method="PUT",
+            method=method,
         )
         return await asyncio.to_thread(_get, request)
 
@@ -421,5 +424,34 @@ def test_autorecovery_settings_and_process_status() -> None:
         ):
             process = await http.get("/api/v1/autorecovery/process")
             assert process.json() == FakeAutoRecovery().status()
+
+    run(check)
+
+
+def test_deleting_through_the_api_takes_the_delete_path() -> None:
+    async def check() -> None:
+        async with cluster_store() as (_, store), served(store) as http:
+            closed, left_open = LedgerId.classic(31), LedgerId.classic(32)
+            await create_ledger(store, closed)
+            await create_ledger(store, left_open)
+            await LedgerManager(store).update(closed, lambda m: m.close(-1, 0))
+            deleted = await http.send("DELETE", f"/api/v1/ledger/delete?ledger_id={closed}")
+            assert deleted.status == 200, deleted.body
+            assert deleted.json()["deletion"]["reason"] == "deleted through the admin HTTP API"
+            assert deleted.json()["deletion"]["detail"].startswith("nothing to check")
+            shown = await http.get(f"/api/v1/ledger/metadata?ledger_id={closed}")
+            assert shown.json()["state"] == "DELETED"
+            refused = await http.send("DELETE", f"/api/v1/ledger/delete?ledger_id={left_open}")
+            assert refused.status == 409
+            assert "is OPEN" in refused.json()["reason"]
+            missing = await http.send("DELETE", "/api/v1/ledger/delete?ledger_id=999")
+            assert missing.status == 404
+            back = await http.put(f"/api/v1/ledger/undelete?ledger_id={closed}")
+            assert back.status == 200
+            assert back.json()["state"] == "CLOSED"
+            settings = await http.get("/api/v1/cluster/settings")
+            assert settings.json()["ledger_delete_retention"] == 86400
+            no_bookie = await http.put("/api/v1/bookie/gc")
+            assert no_bookie.status == 404
 
     run(check)
