@@ -10,21 +10,29 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tally.client.bookie_connection import BookieConnection
 from tally.client.client import Client
 from tally.core.deletion import ClusterSettings
-from tally.core.errors import NoSuchLedger
+from tally.core.errors import LedgerDeleted, NoSuchLedger
 from tally.core.ids import LedgerId
 from tally.metadata.cluster_settings import write_settings
 from tally.metadata.deletion import sweep_deletions
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.paths import LEDGER_METADATA
+from tally.metadata.store import MetadataStore
 from tally.metadata.tombstones import read_tombstone
 from tests.support.cluster import Cluster, store_session
-from tests.support.processes import BookieProcess, environment, init_cluster
+from tests.support.polling import until
+from tests.support.processes import (
+    AutoRecoveryProcess,
+    BookieProcess,
+    environment,
+    init_cluster,
+)
 
 PASSWORD = b"gc"
 ENTRIES = 20
@@ -184,3 +192,66 @@ def test_a_bookie_away_past_tombstone_retention_keeps_the_data_as_orphan(
         await settings(cluster.uri, ledger_delete_retention=0)
 
     asyncio.run(scenario())
+
+
+def test_the_delete_lifecycle_runs_by_itself(tmp_path: Path) -> None:
+    """Soft delete and undelete, then the auditor's tombstone past the retention, every
+    bookie's GC dropping and acknowledging on its timer, and the tombstone's removal."""
+    root = tmp_path / "lifecycle"
+    cluster = Cluster(init_cluster(root), root)
+    cluster.bookies = [BookieProcess(cluster.uri, root / f"bookie-{i}") for i in range(3)]
+    auditor = AutoRecoveryProcess(
+        cluster.uri,
+        root / "autorecovery.log",
+        "auditor-1",
+        settings={"auditor_deletion_check_interval": "0.2"},
+    )
+    with environment({"TALLY_BOOKIE_GC_WAIT_TIME": "0.2"}):
+        cluster._start_all(cluster.bookies)
+
+    async def scenario() -> None:
+        await settings(cluster.uri, ledger_delete_retention=1, tombstone_retention=1)
+        kept, doomed = await write_ledger(cluster.uri), await write_ledger(cluster.uri)
+        bookies = [b.address for b in cluster.bookies]
+        async with Client(cluster.uri) as client:
+            before = (await client.context.ledgers.read_ledger_metadata(kept)).metadata
+            await client.delete_ledger(kept, reason="oops")
+            with pytest.raises(LedgerDeleted):
+                await client.open_ledger(kept, password=PASSWORD)
+            restored = await client.undelete_ledger(kept)
+            assert restored.metadata == before
+            outcome = await client.delete_ledger(doomed, reason="retention")
+            assert outcome.tombstone is None  # within its retention: DELETED only
+        await asyncio.to_thread(auditor.start)
+        async with store_session(cluster.uri) as store:
+
+            async def tombstone_pending() -> frozenset[str] | None:
+                found = await read_tombstone(store, doomed)
+                return None if found is None else found.tombstone.pending
+
+            await until(lambda: tombstone_pending(), "the auditor tombstones", timeout=30)
+            await until(
+                lambda: _all_acknowledged(store, doomed), "every bookie acknowledges", timeout=30
+            )
+            assert [await held_by(b, doomed) for b in bookies] == [0, 0, 0]
+            await until(lambda: _removed(store, doomed), "the tombstone goes", timeout=30)
+        async with Client(cluster.uri) as client:
+            with pytest.raises(NoSuchLedger):
+                await client.open_ledger(doomed, password=PASSWORD)
+            reader = await client.open_ledger(kept, password=PASSWORD)
+            assert reader.last_entry_id == ENTRIES - 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        auditor.kill()
+        cluster.shutdown()
+
+
+async def _all_acknowledged(store: MetadataStore, ledger_id: LedgerId) -> bool:
+    found = await read_tombstone(store, ledger_id)
+    return found is not None and not found.tombstone.pending
+
+
+async def _removed(store: MetadataStore, ledger_id: LedgerId) -> bool:
+    return await read_tombstone(store, ledger_id) is None
