@@ -447,6 +447,17 @@ def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on
     )
 
 
+def test_a_snapshot_of_another_format_is_refused_before_spark_starts(
+    handmade: Path, tmp_path: Path
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(handmade, old)
+    (old / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": NOW, "format_version": 1}))
+    shutil.rmtree(old / schema.TOMBSTONES)
+    with pytest.raises(BadRequest, match="has format 1, and this tally reads format 2: take a new"):
+        schema.require_snapshot(old)
+
+
 def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="grace period -1 ms is negative"):
         run_audit(spark, handmade, tmp_path, grace_period_ms=-1, min_racks=2)

@@ -13,6 +13,7 @@ and joins exact.
 from __future__ import annotations
 
 import enum
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -162,14 +163,31 @@ class BookieState(enum.Enum):
 
 
 def require_snapshot(path: Path) -> None:
-    """BadRequest unless `path` holds a snapshot's tables: cheap to ask before Spark starts."""
+    """BadRequest unless `path` holds a snapshot's tables in this format (as far as its
+    snapshot.json says): cheap to ask before Spark starts."""
+    how = (
+        f"with `tally audit snapshot --metadata URI --out {path}` (or `tally audit synth` for "
+        "a synthetic one)"
+    )
+    recorded = _recorded_format(path)
+    if recorded is not None and recorded != FORMAT_VERSION:
+        raise BadRequest(
+            f"the audit snapshot at {path} has format {recorded}, and this tally reads format "
+            f"{FORMAT_VERSION}: take a new one {how}"
+        )
     missing = [table for table in SNAPSHOT_TABLES if not (path / table).is_dir()]
     if missing:
         found = "no such directory" if not path.is_dir() else f"no {', '.join(missing)} in it"
-        raise BadRequest(
-            f"no audit snapshot at {path} ({found}): take one with `tally audit snapshot "
-            f"--metadata URI --out {path}` (or `tally audit synth` for a synthetic one)"
-        )
+        raise BadRequest(f"no audit snapshot at {path} ({found}): take one {how}")
+
+
+def _recorded_format(path: Path) -> object:
+    """snapshot.json's format_version; None when it has none, or cannot be read."""
+    try:
+        recorded = json.loads((path / SNAPSHOT_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded.get("format_version") if isinstance(recorded, dict) else None
 
 
 def to_int64(half: int) -> int:
