@@ -160,73 +160,54 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     tombstone_type = StructType(
         [from_arrow_schema(schema.TOMBSTONES_SCHEMA)[name] for name in tombstone_fields]
     )
+    # The stream's columns after scope, ledger_id and part, with their types.
+    columns: dict[str, str | DataType] = {
+        "ensemble_size": "int",
+        "write_quorum": "int",
+        "ack_quorum": "int",
+        "last_entry_id": "long",
+        "length": "long",
+        "underreplicated_since_ms": "long",
+        "first_entry_id": "long",
+        "ensemble": "array<string>",
+        "bookie_id": "string",
+        "availability": "binary",
+        "tombstone": tombstone_type,
+    }
 
-    def none(kind: str | DataType, name: str) -> Column:
-        return F.lit(None).cast(kind).alias(name)
+    def stream_rows(frame: DataFrame, part: Column, *kept: str, **made: Column) -> DataFrame:
+        """`frame` as rows of the stream: its `kept` columns, the `made` ones, null in the
+        others."""
+        return frame.select(
+            "scope",
+            "ledger_id",
+            part.alias("part"),
+            *(
+                F.col(name)
+                if name in kept
+                else made[name].alias(name)
+                if name in made
+                else F.lit(None).cast(kind).alias(name)
+                for name, kind in columns.items()
+            ),
+        )
 
-    ledger_rows = ledgers.select(
-        "scope",
-        "ledger_id",
-        F.lit(PART_LEDGER).alias("part"),
+    ledger_rows = stream_rows(
+        ledgers,
+        F.lit(PART_LEDGER),
         "ensemble_size",
         "write_quorum",
         "ack_quorum",
-        F.when(_audited(ledgers), F.col("last_entry_id")).otherwise(-1).alias("last_entry_id"),
         "length",
         "underreplicated_since_ms",
-        none("long", "first_entry_id"),
-        none("array<string>", "ensemble"),
-        none("string", "bookie_id"),
-        none("binary", "availability"),
-        none(tombstone_type, "tombstone"),
+        last_entry_id=F.when(_audited(ledgers), F.col("last_entry_id")).otherwise(-1),
     )
-    segment_rows = segments.select(
-        "scope",
-        "ledger_id",
-        F.col("segment_index").alias("part"),
-        none("int", "ensemble_size"),
-        none("int", "write_quorum"),
-        none("int", "ack_quorum"),
-        none("long", "last_entry_id"),
-        none("long", "length"),
-        none("long", "underreplicated_since_ms"),
-        "first_entry_id",
-        "ensemble",
-        none("string", "bookie_id"),
-        none("binary", "availability"),
-        none(tombstone_type, "tombstone"),
+    segment_rows = stream_rows(segments, F.col("segment_index"), "first_entry_id", "ensemble")
+    tombstone_rows = stream_rows(
+        tombstones, F.lit(PART_TOMBSTONE), tombstone=F.struct(*tombstone_fields)
     )
-    tombstone_rows = tombstones.select(
-        "scope",
-        "ledger_id",
-        F.lit(PART_TOMBSTONE).alias("part"),
-        none("int", "ensemble_size"),
-        none("int", "write_quorum"),
-        none("int", "ack_quorum"),
-        none("long", "last_entry_id"),
-        none("long", "length"),
-        none("long", "underreplicated_since_ms"),
-        none("long", "first_entry_id"),
-        none("array<string>", "ensemble"),
-        none("string", "bookie_id"),
-        none("binary", "availability"),
-        F.struct(*tombstone_fields).alias("tombstone"),
-    )
-    availability_rows = availability.select(
-        "scope",
-        "ledger_id",
-        F.lit(PART_AVAILABILITY).alias("part"),
-        none("int", "ensemble_size"),
-        none("int", "write_quorum"),
-        none("int", "ack_quorum"),
-        none("long", "last_entry_id"),
-        none("long", "length"),
-        none("long", "underreplicated_since_ms"),
-        none("long", "first_entry_id"),
-        none("array<string>", "ensemble"),
-        "bookie_id",
-        "availability",
-        none(tombstone_type, "tombstone"),
+    availability_rows = stream_rows(
+        availability, F.lit(PART_AVAILABILITY), "bookie_id", "availability"
     )
     rows = sum(
         ds.dataset(snapshot / name, format="parquet").count_rows()
