@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tally.audit import schema
 from tally.audit.checks import BookiesView, run_audit
+from tally.audit.checks.ledger_rows import tombstone_of
 from tally.audit.synth import UNREPORTED, ledger_key, synthesize
 from tally.cli.audit import app, parse_duration
 from tally.cli.main import app as tally_app
@@ -456,6 +457,15 @@ def test_a_snapshot_of_another_format_is_refused_before_spark_starts(
     shutil.rmtree(old / schema.TOMBSTONES)
     with pytest.raises(BadRequest, match="has format 1, and this tally reads format 2: take a new"):
         schema.require_snapshot(old)
+
+
+def test_a_tombstone_row_with_a_field_missing_makes_no_tombstone() -> None:
+    """Another tool's snapshot may leave a column null; the stream's JSON then lacks it."""
+    row = tombstone_row(TOMBSTONES[0])
+    assert tombstone_of(row).tombstoned_ms == TOMBSTONES[0].tombstoned_ms
+    del row["tombstoned_ms"]
+    with pytest.raises(BadRequest, match="the tombstone has no reason, tombstoned_ms$"):
+        tombstone_of(row | {"reason": None})
 
 
 def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -242,7 +243,7 @@ class LedgerAuditor:
         the tombstone is old enough. A report that does not decode tells nothing."""
         scope, ledger_id = values["scope"][begin], values["ledger_id"][begin]
         try:
-            tombstone = tombstone_of(values["tombstone"][begin])
+            tombstone = tombstone_of(json.loads(values["tombstone"][begin]))
         except BadRequest as exc:
             found.add(scope, ledger_id, invalid_metadata(scope, ledger_id, exc, "tombstone"))
             return

@@ -13,7 +13,6 @@ import pyarrow.dataset as ds
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import DataType, StructType
 
 from tally.audit import schema
 from tally.audit.checks.auditor import (
@@ -24,6 +23,7 @@ from tally.audit.checks.auditor import (
     BookiesView,
     LedgerAuditor,
 )
+from tally.audit.checks.ledger_rows import TOMBSTONE_FIELDS
 from tally.audit.checks.results import category_counts, over_replication_totals, write_findings
 from tally.audit.report import write_report
 from tally.core.deletion import ClusterSettings
@@ -143,8 +143,10 @@ def _audited(ledgers: DataFrame) -> Column:
 def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     """What the audit's one Python pass reads: per ledger, a ledger row (last_entry_id -1
     unless it is audited; its length, for the bytes of extra copies), its segment rows, its
-    tombstone row (the tombstones table's row as one struct column, `tombstone`) and its
-    availability rows, co-located and sorted.
+    tombstone row (the tombstones table's row but its ledger id, as JSON text in one column,
+    `tombstone`: as a struct column, null in every other row, it makes Spark's Arrow
+    transfer of all rows to the pass far slower) and its availability rows, co-located and
+    sorted.
 
     `part` orders a ledger's rows: the tombstone row, the ledger row, its segments by index,
     then the availability rows. The sort leads with ledger_id so that Spark's sort prefix
@@ -154,14 +156,8 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     segments = _read(spark, snapshot, schema.SEGMENTS)
     availability = _read(spark, snapshot, schema.AVAILABILITY)
     tombstones = _read(spark, snapshot, schema.TOMBSTONES)
-    tombstone_fields = [
-        name for name in schema.TOMBSTONES_SCHEMA.names if name not in ("scope", "ledger_id")
-    ]
-    tombstone_type = StructType(
-        [from_arrow_schema(schema.TOMBSTONES_SCHEMA)[name] for name in tombstone_fields]
-    )
     # The stream's columns after scope, ledger_id and part, with their types.
-    columns: dict[str, str | DataType] = {
+    columns = {
         "ensemble_size": "int",
         "write_quorum": "int",
         "ack_quorum": "int",
@@ -172,7 +168,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
         "ensemble": "array<string>",
         "bookie_id": "string",
         "availability": "binary",
-        "tombstone": tombstone_type,
+        "tombstone": "string",
     }
 
     def stream_rows(frame: DataFrame, part: Column, *kept: str, **made: Column) -> DataFrame:
@@ -204,7 +200,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     )
     segment_rows = stream_rows(segments, F.col("segment_index"), "first_entry_id", "ensemble")
     tombstone_rows = stream_rows(
-        tombstones, F.lit(PART_TOMBSTONE), tombstone=F.struct(*tombstone_fields)
+        tombstones, F.lit(PART_TOMBSTONE), tombstone=F.to_json(F.struct(*TOMBSTONE_FIELDS))
     )
     availability_rows = stream_rows(
         availability, F.lit(PART_AVAILABILITY), "bookie_id", "availability"

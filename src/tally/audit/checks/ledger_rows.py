@@ -17,6 +17,10 @@ from tally.core.ledger_audit import Category, Violation
 from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState, Segment
 
 _STANDIN_MASTER_KEY = bytes(MASTER_KEY_SIZE)
+TOMBSTONE_FIELDS = tuple(
+    name for name in schema.TOMBSTONES_SCHEMA.names if name not in ("scope", "ledger_id")
+)
+"""A TOMBSTONES row's columns but its ledger id: what a tombstone row of the stream carries."""
 
 
 def standin_metadata(
@@ -46,9 +50,12 @@ def standin_metadata(
 
 
 def tombstone_of(row: Mapping[str, Any]) -> Tombstone:
-    """The tombstone a TOMBSTONES row (without its ledger id) describes; BadRequest if it
+    """The tombstone a TOMBSTONES row (its TOMBSTONE_FIELDS) describes; BadRequest if it
     makes none."""
-    bookies, acknowledged = row["bookies"] or [], row["acknowledged_ms"] or []
+    missing = [name for name in TOMBSTONE_FIELDS if row.get(name) is None]
+    if missing:
+        raise BadRequest(f"the tombstone has no {', '.join(missing)}")
+    bookies, acknowledged = row["bookies"], row["acknowledged_ms"]
     if len(bookies) != len(acknowledged):
         raise BadRequest(
             f"the tombstone names {len(bookies)} bookies but has {len(acknowledged)} "

@@ -228,7 +228,7 @@ class Injector:
         rng = self.rng
         stuck_ms = SETTINGS.deletion_stuck_after * 1000
         stuck = kind == Category.DELETION_STUCK.value
-        gone = not stuck and kind == TOMBSTONE_PENDING and rng.random() < 0.5
+        gone = kind == TOMBSTONE_PENDING and rng.random() < 0.5
         age = (
             stuck_ms + rng.randrange(60_000, 3 * 86_400_000)
             if stuck or gone
