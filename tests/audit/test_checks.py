@@ -464,7 +464,7 @@ def test_a_tombstone_row_with_a_field_missing_makes_no_tombstone() -> None:
     row = tombstone_row(TOMBSTONES[0])
     assert tombstone_of(row).tombstoned_ms == TOMBSTONES[0].tombstoned_ms
     del row["tombstoned_ms"]
-    with pytest.raises(BadRequest, match="the tombstone has no reason, tombstoned_ms$"):
+    with pytest.raises(BadRequest, match=r"the tombstone has no reason, tombstoned_ms$"):
         tombstone_of(row | {"reason": None})
 
 
