@@ -18,17 +18,21 @@ from typer.testing import CliRunner
 
 from tally.audit import schema
 from tally.audit.checks import BookiesView, run_audit
-from tally.audit.synth import ledger_key, synthesize
+from tally.audit.checks.ledger_rows import tombstone_of
+from tally.audit.synth import UNREPORTED, ledger_key, synthesize
 from tally.cli.audit import app, parse_duration
 from tally.cli.main import app as tally_app
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import ClusterSettings, Tombstone
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger
+from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, audit_ledger, deletion_stuck
+from tally.core.ledger_metadata import Deletion
 from tally.core.schedule import write_set
 from tests.audit.snapshot_rows import metadata_of
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
+DAY = 24 * HOUR
 SCOPE = schema.to_int64((1 << 63) + 5)
 RACKS = {f"b{i}": f"/r{i % 3}" for i in range(8)}
 BOOKIE_ROWS = [
@@ -86,12 +90,71 @@ CASES = [
     Case(12, [ABC], -1),
     Case(schema.to_int64((1 << 64) - 1), [("b3", "b4", "b5")], 49, scope=SCOPE),
     Case(14, [ABC], 9, reports={"b1": b"xx"}),
+    Case(20, [ABC], 29, state="DELETED", lose={"b1": {7}, "b2": {7}}),  # not judged: deleted
 ]
 ORPHANS = [("b0", 0, 99, {0, 1, 2}), ("b1", 0, 99, {0, 1, 2}), ("b4", SCOPE, 77, {5})]
 IGNORED = [("b6", 0, 98, {0})]  # b6 did not respond: its dump is not judged
 
 
-def write_snapshot(root: Path, cases: list[Case], strays: list[Any], created_ms: int = NOW) -> Path:
+@dataclass
+class Gone:
+    """A tombstoned ledger of a hand-made snapshot: when its tombstone was written, and the
+    bookies it names with their acknowledgements."""
+
+    ledger_id: int
+    tombstoned_ms: int
+    bookies: dict[str, int | None]
+    scope: int = 0
+
+
+TOMBSTONES = [
+    Gone(21, NOW - 2 * DAY, {"b0": None, "b1": NOW - DAY}),  # stuck on b0, and on b5 unnamed
+    Gone(22, NOW - HOUR, {"b0": None, "b1": None}),  # younger than a day: on its way out
+    Gone(23, NOW - 3 * DAY, {"b0": NOW - 2 * DAY}),  # old, and nothing of it is held
+    Gone(24, NOW - 2 * DAY, {"b6": None}),  # old, held by b6 only, which did not respond
+    Gone(schema.to_int64(2**63 + 26), NOW - 2 * DAY, {"b3": None}, scope=SCOPE),
+]
+GONE_DATA = [
+    ("b0", 0, 21, {0, 1, 2}),
+    ("b5", 0, 21, {3}),
+    ("b0", 0, 22, {0}),
+    ("b1", 0, 22, {1}),
+    ("b6", 0, 24, {0}),
+    ("b3", SCOPE, schema.to_int64(2**63 + 26), {0, 1}),
+]
+"""What bookies still hold of the tombstoned ledgers."""
+
+
+def tombstone_row(gone: Gone, **changes: Any) -> dict[str, Any]:
+    return {
+        "scope": gone.scope,
+        "ledger_id": gone.ledger_id,
+        "deleted_ms": gone.tombstoned_ms - DAY,
+        "reason": "trimmed by the broker",
+        "violations": 0,
+        "check_detail": "every entry on WQ bookies",
+        "tombstoned_ms": gone.tombstoned_ms,
+        "last_entry_id": 9,
+        "length": 10,
+        "bookies": list(gone.bookies),
+        "acknowledged_ms": list(gone.bookies.values()),
+    } | changes
+
+
+def write_snapshot(
+    root: Path,
+    cases: list[Case],
+    strays: list[Any],
+    created_ms: int = NOW,
+    *,
+    tombstones: list[dict[str, Any]] | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Path:
+    """The snapshot of `cases`, `strays` (bookie, scope, ledger id, entries held) and
+    `tombstones` (rows; those of TOMBSTONES by default), taken at `created_ms` when the
+    cluster settings were `settings` (none recorded by default)."""
+    if tombstones is None:
+        tombstones = [tombstone_row(gone) for gone in TOMBSTONES]
     ledgers: list[dict[str, Any]] = []
     segments: list[dict[str, Any]] = []
     availability: list[dict[str, Any]] = []
@@ -109,6 +172,8 @@ def write_snapshot(root: Path, cases: list[Case], strays: list[Any], created_ms:
                 "ctime_ms": 0,
                 "digest_type": "CRC32C",
                 "underreplicated_since_ms": case.since,
+                "archived": case.state == "DELETED",
+                "deleted_ms": created_ms - HOUR if case.state == "DELETED" else None,
             }
         )
         ends = [first - 1 for first in case.firsts[1:]] + [case.last]
@@ -137,10 +202,14 @@ def write_snapshot(root: Path, cases: list[Case], strays: list[Any], created_ms:
         (schema.SEGMENTS, segments, schema.SEGMENTS_SCHEMA),
         (schema.BOOKIES, BOOKIE_ROWS, schema.BOOKIES_SCHEMA),
         (schema.AVAILABILITY, availability, schema.AVAILABILITY_SCHEMA),
+        (schema.TOMBSTONES, tombstones, schema.TOMBSTONES_SCHEMA),
     ):
         (root / name).mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(rows, table_schema), root / name / "part-0.parquet")
-    (root / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": created_ms}))
+    recorded: dict[str, Any] = {"created_ms": created_ms}
+    if settings is not None:
+        recorded[schema.CLUSTER_SETTINGS] = settings
+    (root / schema.SNAPSHOT_JSON).write_text(json.dumps(recorded))
     return root
 
 
@@ -165,7 +234,7 @@ def _extra_rows(out: Path) -> set[tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_snapshot(tmp_path_factory.mktemp("handmade"), CASES, ORPHANS + IGNORED)
+    return write_snapshot(tmp_path_factory.mktemp("handmade"), CASES, ORPHANS + IGNORED + GONE_DATA)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +258,9 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         ("orphan_data", 0, 99, None, "b0", 3),
         ("orphan_data", 0, 99, None, "b1", 3),
         ("orphan_data", SCOPE, 77, None, "b4", 1),
+        ("deletion_stuck", 0, 21, None, "b0", 3),
+        ("deletion_stuck", 0, 21, None, "b5", 1),
+        ("deletion_stuck", SCOPE, schema.to_int64(2**63 + 26), None, "b3", 2),
         ("unresponsive_registered_bookie", None, None, None, "b6", None),
     }
     assert summary["categories"] == {
@@ -201,6 +273,7 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
         "unresponsive_registered_bookie": 1,
         "potentially_faulty": 2,
         "orphan_data": 2,
+        "deletion_stuck": 2,
         "invalid_metadata": 0,
     }
     # Ledger 10's extra copies: apart from the violations, one byte per entry (its length).
@@ -209,6 +282,7 @@ def test_every_category_is_found_exactly(audited: tuple[Path, dict[str, Any]]) -
     assert summary["ledgers_checked"] == 12
     assert set(summary["timings"]) == {"read", "audit", "summary", "total", "report"}
     assert summary["params"]["now_ms"] == NOW
+    assert summary["params"]["deletion_stuck_after"] == DAY // 1000, "the default: none recorded"
     assert json.loads((out / schema.SUMMARY_JSON).read_text()) == summary
     assert (out / schema.REPORT_HTML).stat().st_size > 1000
 
@@ -220,16 +294,24 @@ def test_details_name_the_evidence(audited: tuple[Path, dict[str, Any]]) -> None
         for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
     }
     assert details[99, "orphan_data", "b0"] == (
-        "bookie b0 holds 3 entries of ledger 99, a ledger the metadata does not have"
+        "bookie b0 holds 3 entries of ledger 99, a ledger with neither metadata nor tombstone"
     )
     assert details[77, "orphan_data", "b4"] == (
-        f"bookie b4 holds 1 entries of ledger {(1 << 63) + 5:016x}{77:016x}, a ledger the "
-        "metadata does not have"
+        f"bookie b4 holds 1 entries of ledger {(1 << 63) + 5:016x}{77:016x}, a ledger with "
+        "neither metadata nor tombstone"
     )
     assert details[14, "potentially_faulty", "b1"].startswith(
         "bookie b1 of segment(s) 0 did not report its entries; its copies are not judged "
         "(its report does not decode: entry availability truncated"
     )
+    assert details[21, "deletion_stuck", "b0"] == (
+        f"bookie b0 still holds 3 entries (entries 0, 1, 2) of the ledger deleted at "
+        f"{NOW - 3 * DAY} ms (trimmed by the broker) and tombstoned {2 * DAY} ms ago, longer "
+        "than deletion_stuck_after (86400 s); the tombstone names it and waits for its "
+        "acknowledgement: its garbage collection has not dropped them (`tally shell gcstatus "
+        "--bookie b0`)"
+    )
+    assert "the tombstone does not name it" in details[21, "deletion_stuck", "b5"]
     assert details[None, "unresponsive_registered_bookie", "b6"] == (
         "bookie b6 (rack /r0) is registered writable but did not answer the availability dump"
     )
@@ -295,6 +377,35 @@ def test_a_grace_period_of_zero_never_reports_a_mark_as_the_online_check(
     assert not {ledger for _, _, ledger, *_ in _rows(tmp_path)} & {5, 6}
 
 
+def test_the_threshold_is_the_one_the_snapshot_recorded_and_a_tombstone_wins(
+    spark: SparkSession, audited: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """With deletion_stuck_after 0 every tombstoned ledger that a responding bookie still
+    holds is stuck. Ledger 25 was tombstoned while the snapshot walked the store, so it has
+    a CLOSED ledger row (missing a copy) too: it is judged as deleted, not for durability."""
+    during = Case(25, [ABC], 29, lose={"b0": {1}})
+    tombstones = [*TOMBSTONES, Gone(25, NOW - 1_000, dict.fromkeys(ABC))]
+    snapshot = write_snapshot(
+        tmp_path / "snapshot",
+        [*CASES, during],
+        ORPHANS + IGNORED + GONE_DATA,
+        tombstones=[tombstone_row(gone) for gone in tombstones],
+        settings=ClusterSettings(deletion_stuck_after=0).to_dict(),
+    )
+    out = tmp_path / "out"
+    summary = run_audit(spark, snapshot, out, grace_period_ms=HOUR, min_racks=2)
+    stuck = {
+        ("deletion_stuck", 0, 22, None, "b0", 1),
+        ("deletion_stuck", 0, 22, None, "b1", 1),
+    } | {
+        ("deletion_stuck", 0, 25, None, bookie, len(entries))
+        for bookie, entries in during.held().items()
+    }
+    assert _rows(out) == _rows(audited[0]) | stuck
+    assert summary["categories"]["deletion_stuck"] == 4
+    assert summary["params"]["deletion_stuck_after"] == 0
+
+
 INVALID = [
     Case(15, [ABC], 29, firsts=[1]),  # the first segment starts at entry 1
     Case(16, [ABC, ("b0", "b1")], 29, firsts=[0, 10]),  # an ensemble of two, E is 3
@@ -305,14 +416,21 @@ INVALID = [
 def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on(
     spark: SparkSession, audited: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    snapshot = write_snapshot(tmp_path / "snapshot", CASES + INVALID, ORPHANS + IGNORED)
+    broken = tombstone_row(Gone(27, NOW - 2 * DAY, {"b0": None}), acknowledged_ms=[])
+    snapshot = write_snapshot(
+        tmp_path / "snapshot",
+        CASES + INVALID,
+        [*ORPHANS, *IGNORED, *GONE_DATA, ("b0", 0, 27, {0})],
+        tombstones=[*(tombstone_row(gone) for gone in TOMBSTONES), broken],
+    )
     out = tmp_path / "out"
     summary = run_audit(spark, snapshot, out, grace_period_ms=HOUR, min_racks=2)
     before, before_summary = audited
     invalid = {("invalid_metadata", 0, case.ledger_id, None, None, None) for case in INVALID}
+    invalid.add(("invalid_metadata", 0, 27, None, None, None))
     assert _rows(out) == _rows(before) | invalid
     assert _extra_rows(out) == _extra_rows(before)
-    assert summary["categories"] == before_summary["categories"] | {"invalid_metadata": 3}
+    assert summary["categories"] == before_summary["categories"] | {"invalid_metadata": 4}
     details = {
         r["ledger_id"]: r["detail"]
         for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
@@ -324,6 +442,30 @@ def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on
     )
     assert "ledger 16" in details[16]
     assert "ledger 17" in details[17]
+    assert details[27] == (
+        "the snapshot's rows of ledger 27 make no valid tombstone, so it is not judged: the "
+        "tombstone names 1 bookies but has 0 acknowledgements"
+    )
+
+
+def test_a_snapshot_of_another_format_is_refused_before_spark_starts(
+    handmade: Path, tmp_path: Path
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(handmade, old)
+    (old / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": NOW, "format_version": 1}))
+    shutil.rmtree(old / schema.TOMBSTONES)
+    with pytest.raises(BadRequest, match="has format 1, and this tally reads format 2: take a new"):
+        schema.require_snapshot(old)
+
+
+def test_a_tombstone_row_with_a_field_missing_makes_no_tombstone() -> None:
+    """Another tool's snapshot may leave a column null; the stream's JSON then lacks it."""
+    row = tombstone_row(TOMBSTONES[0])
+    assert tombstone_of(row).tombstoned_ms == TOMBSTONES[0].tombstoned_ms
+    del row["tombstoned_ms"]
+    with pytest.raises(BadRequest, match=r"the tombstone has no reason, tombstoned_ms$"):
+        tombstone_of(row | {"reason": None})
 
 
 def test_bad_arguments_are_refused(spark: SparkSession, handmade: Path, tmp_path: Path) -> None:
@@ -360,6 +502,9 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
         found[row["category"]].add(key)
     over = Category.OVER_REPLICATED.value
     assert found == {name: set(keys) for name, keys in truth["categories"].items()}
+    for key in UNREPORTED:  # marked within the grace period, DELETED, tombstoned not stuck
+        assert truth[key], key
+        assert not set(truth[key]) & set().union(*found.values()), key
     assert summary["categories"] == {name: len(keys) for name, keys in truth["categories"].items()}
     assert found["potentially_faulty"], "the snapshot should exercise silent bookies"
     extra = pq.read_table(tmp_path / schema.OVER_REPLICATED).to_pylist()
@@ -368,9 +513,11 @@ def test_a_synthetic_snapshot_is_found_exactly_as_injected(
     assert summary["over_replication"]["entries"] == sum(r["entries"] for r in extra)
     assert summary["over_replication"]["bytes"] == sum(r["bytes"] for r in extra) > 0
 
-    # The batch path and the per-ledger check agree on every ledger, word for word.
+    assert summary["params"]["deletion_stuck_after"] == truth["deletion_stuck_after"]
+
+    # The batch path and the per-ledger checks agree on every ledger, word for word.
     assert _ledger_rows(tmp_path) == _one_by_one(
-        synthetic, truth["now_ms"], truth["grace_period_ms"]
+        synthetic, truth["now_ms"], truth["grace_period_ms"], truth["deletion_stuck_after"]
     )
 
 
@@ -391,8 +538,11 @@ def _ledger_rows(out: Path) -> list[tuple[Any, ...]]:
     return sorted(violations + extra)
 
 
-def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple[Any, ...]]:
-    """`audit_ledger` on each closed ledger of the snapshot, built with plain Python."""
+def _one_by_one(
+    snapshot: Path, now_ms: int, grace_period_ms: int, stuck_after: int
+) -> list[tuple[Any, ...]]:
+    """`audit_ledger` on each closed ledger of the snapshot and `deletion_stuck` on each
+    tombstoned one, built with plain Python."""
     bookies = pq.read_table(snapshot / schema.BOOKIES).to_pylist()
     racks = {b["bookie_id"]: b["rack"] for b in bookies}
     responded = {b["bookie_id"] for b in bookies if b["responded"]}
@@ -429,6 +579,21 @@ def _one_by_one(snapshot: Path, now_ms: int, grace_period_ms: int) -> list[tuple
                 (*key, v.category.value, v.segment_index, v.bookie_id, v.missing_count, v.detail,
                  v.byte_count)
             )  # fmt: skip
+    for row in pq.read_table(snapshot / schema.TOMBSTONES).to_pylist():
+        key = (row["scope"], row["ledger_id"])
+        tombstone = Tombstone(
+            Deletion(row["deleted_ms"], row["reason"], row["violations"], row["check_detail"]),
+            row["tombstoned_ms"],
+            row["last_entry_id"],
+            row["length"],
+            dict(zip(row["bookies"], row["acknowledged_ms"], strict=True)),
+        )
+        for v in deletion_stuck(
+            tombstone, held.get(key, {}), now_ms=now_ms, stuck_after=stuck_after
+        ):
+            rows.append(
+                (*key, v.category.value, None, v.bookie_id, v.missing_count, v.detail, None)
+            )
     return sorted(rows)
 
 

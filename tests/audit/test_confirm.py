@@ -1,7 +1,10 @@
 """`confirm` against real bookie processes: a finding that still holds is kept (entries really
-deleted behind a bookie's back, a deleted ledger's data still on a bookie, a mark left too
-long, a registered bookie that does not answer); one that no longer holds is dropped (the
-ledger repaired or deleted since, the mark gone, the bookie back)."""
+deleted behind a bookie's back, data of a ledger whose metadata went behind the delete
+path's back still on a bookie, a tombstoned ledger's data still on a bookie past
+deletion_stuck_after, a mark left too long, a registered bookie that does not answer); one
+that no longer holds is dropped (the ledger repaired or deleted since, the data of a deleted
+ledger that is DELETED or has a tombstone, a bookie that dropped a tombstoned ledger, the
+mark gone, the bookie back)."""
 
 from __future__ import annotations
 
@@ -20,13 +23,17 @@ import tally
 from tally.audit import schema
 from tally.audit.confirm import CONFIRMED, CONFIRMED_JSON, confirm
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.core.deletion import ClusterSettings
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata.bookie_registry import BookiePlacement
+from tally.metadata.cluster_settings import write_settings
+from tally.metadata.paths import LEDGER_METADATA
 from tally.metadata.underreplication import UnderReplicationManager
-from tests.audit.test_snapshot import fake_bookie
-from tests.support.cluster import Cluster, running_cluster
+from tests.audit.test_snapshot import NO_GC, fake_bookie
+from tests.support.cluster import Cluster, running_cluster, store_session
+from tests.support.processes import environment
 
 BOOKIES = 3
 ENTRIES = 20
@@ -46,7 +53,13 @@ NAMES = (
     "orphan",
     "marked_long_ago",
     "unmarked",
+    "tombstoned",
+    "stuck",
+    "stuck_dropped",
 )
+TOMBSTONED = ("tombstoned", "stuck", "stuck_dropped")
+"""Deleted with no retention: tombstones, whose bookies (no garbage collection runs) still
+hold their data, and deletion_stuck at once (deletion_stuck_after 0)."""
 
 
 class Ledgers(dict[str, LedgerId]):
@@ -57,14 +70,14 @@ class Ledgers(dict[str, LedgerId]):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("confirm"), BOOKIES) as cluster:
-        yield cluster
+    with environment(NO_GC), running_cluster(tmp_path_factory.mktemp("confirm"), BOOKIES) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def ledgers(cluster: Cluster) -> Ledgers:
     """E=WQ=3 ledgers; behind one bookie's back, the damaged ones lose entries 3..7 and the
-    wiped one is deleted whole (the bookie then knows nothing of it)."""
+    wiped and stuck_dropped ones are deleted whole (the bookie then knows nothing of them)."""
     found = asyncio.run(_write(cluster))
     victim = found.metadata["damaged"].segments[0].ensemble[0]
     bookie = cluster.bookie(victim)
@@ -74,6 +87,7 @@ def ledgers(cluster: Cluster) -> Ledgers:
         for name in ("damaged", "damaged_unjudged"):
             assert storage.forget_entries(found[name], LOST) == len(LOST)
         storage.delete_ledger(found["wiped"])
+        storage.delete_ledger(found["stuck_dropped"])
     finally:
         storage.close()
     cluster.restart([victim])
@@ -97,9 +111,15 @@ async def _write(cluster: Cluster) -> Ledgers:
             await writer.close()
             found[name] = writer.ledger_id
             found.metadata[name] = writer.metadata.metadata
-        for name in ("deleted", "orphan"):
+        store = client.context.ledgers.store
+        await client.delete_ledger(found["deleted"])  # DELETED: within its retention
+        await store.delete(LEDGER_METADATA.path(found["orphan"]))  # behind the delete path
+        await write_settings(
+            store, ClusterSettings(ledger_delete_retention=0, deletion_stuck_after=0)
+        )
+        for name in TOMBSTONED:
             await client.delete_ledger(found[name])
-        marks = UnderReplicationManager(client.context.ledgers.store)
+        marks = UnderReplicationManager(store)
         now_ms = int(time.time() * 1000)
         await marks.mark_under_replicated(
             found["marked_long_ago"], ["gone"], now_ms=now_ms - 2 * HOUR_MS
@@ -150,10 +170,15 @@ def _findings(cluster: Cluster, ledgers: Ledgers, fake: str) -> list[dict[str, A
         _row(ledgers["wiped"], Category.BELOW_WRITE_QUORUM, segment=0, bookie=victim, missing=1),
         _row(ledgers["healthy"], Category.BELOW_WRITE_QUORUM, segment=0, bookie=victim, missing=1),
         _row(ledgers["healthy"], Category.ORPHAN_DATA, bookie=victim),
+        _row(ledgers["healthy"], Category.DELETION_STUCK, bookie=victim),
         _row(ledgers["unjudged"], Category.POTENTIALLY_FAULTY, bookie=victim),
         _row(ledgers["deleted"], Category.NO_REPLICA, segment=0, bookie=victim, missing=1),
+        _row(ledgers["deleted"], Category.ORPHAN_DATA, bookie=holder),
         _row(ledgers["orphan"], Category.ORPHAN_DATA, bookie=holder),
         _row(GHOST, Category.ORPHAN_DATA, bookie=holder),
+        _row(ledgers["tombstoned"], Category.ORPHAN_DATA, bookie=holder),
+        _row(ledgers["stuck"], Category.DELETION_STUCK, bookie=holder, missing=ENTRIES),
+        _row(ledgers["stuck_dropped"], Category.DELETION_STUCK, bookie=victim, missing=ENTRIES),
         _row(ledgers["marked_long_ago"], Category.UNDERREPLICATED_TOO_LONG),
         _row(ledgers["unmarked"], Category.UNDERREPLICATED_TOO_LONG),
         _row(None, Category.UNRESPONSIVE_REGISTERED_BOOKIE, bookie=fake),
@@ -182,11 +207,12 @@ def test_confirm_keeps_what_still_holds_and_drops_what_changed(
     counts |= {
         "below_write_quorum": 3,
         "orphan_data": 1,
+        "deletion_stuck": 1,
         "underreplicated_too_long": 1,
         "unresponsive_registered_bookie": 1,
     }
-    assert result == {"confirmed": 6, "dropped": 9, "categories": counts}
-    assert progress[-1] == ("confirm", 13, 13), "10 ledgers and 3 bookies"
+    assert result == {"confirmed": 7, "dropped": 13, "categories": counts}
+    assert progress[-1] == ("confirm", 16, 16), "13 ledgers and 3 bookies"
 
     table = pq.read_table(report / CONFIRMED)
     assert table.schema.remove_metadata() == schema.VIOLATIONS_SCHEMA
@@ -210,10 +236,36 @@ def test_confirm_keeps_what_still_holds_and_drops_what_changed(
         (ledgers["damaged_unjudged"], "below_write_quorum", 0, victim, len(LOST)),
         (ledgers["wiped"], "below_write_quorum", 0, victim, ENTRIES),
         (ledgers["orphan"], "orphan_data", None, holder, ENTRIES),
+        (ledgers["stuck"], "deletion_stuck", None, holder, ENTRIES),
         (ledgers["marked_long_ago"], "underreplicated_too_long", None, None, None),
         (None, "unresponsive_registered_bookie", None, fake, None),
     }
     assert all(row["detail"] != "as the checks reported it" for row in rows), "fresh rows"
+
+
+def test_a_tombstone_younger_than_the_cluster_s_threshold_now_is_not_stuck(
+    cluster: Cluster, ledgers: Ledgers, tmp_path: Path
+) -> None:
+    """deletion_stuck_after is read from the store at confirmation: raised to a day, the
+    tombstone of a moment ago is no longer stuck, though its bookie still holds its data."""
+    holder = ledgers.metadata["stuck"].segments[0].ensemble[1]
+    finding = [_row(ledgers["stuck"], Category.DELETION_STUCK, bookie=holder, missing=ENTRIES)]
+    report = _report(tmp_path / "report", finding, {})
+
+    async def settings(stuck_after: int) -> None:
+        async with store_session(cluster.uri) as store:
+            await write_settings(
+                store,
+                ClusterSettings(ledger_delete_retention=0, deletion_stuck_after=stuck_after),
+            )
+
+    asyncio.run(settings(86_400))
+    try:
+        result = asyncio.run(confirm(report, cluster.uri))
+    finally:
+        asyncio.run(settings(0))
+    assert (result["confirmed"], result["dropped"]) == (0, 1)
+    assert asyncio.run(confirm(report, cluster.uri))["confirmed"] == 1
 
 
 def test_the_grace_period_the_checks_used_is_the_one_confirmed_against(

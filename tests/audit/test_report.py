@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tally.audit import schema
-from tally.audit.report import WORST_LEDGERS, write_report
+from tally.audit.report import COLOURS, MEANING, SEVERITY, WORST_LEDGERS, write_report
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
 
 SUMMARY: dict[str, Any] = {
@@ -153,3 +153,13 @@ def test_only_the_worst_ledgers_are_listed(tmp_path: Path) -> None:
     text = " ".join(_parse(write_report(tmp_path, SUMMARY, _violations(rows), RACKS)).text)
     assert "the worst one" in text
     assert sum(f"stray {i}" in text for i in range(100)) == WORST_LEDGERS - 1
+
+
+def test_every_violation_category_is_ranked_explained_and_coloured(tmp_path: Path) -> None:
+    assert len(SEVERITY) == len(set(SEVERITY)) == len(VIOLATION_CATEGORIES)
+    assert set(SEVERITY) == set(MEANING) == set(COLOURS) == set(VIOLATION_CATEGORIES)
+    stuck = (0, 21, "deletion_stuck", None, "b1", 4, "bookie b1 still holds 4 entries ...")
+    summary = SUMMARY | {"categories": SUMMARY["categories"] | {"deletion_stuck": 1}}
+    text = " ".join(_parse(write_report(tmp_path, summary, _violations([stuck]), RACKS)).text)
+    assert MEANING[Category.DELETION_STUCK] in text
+    assert "bookie b1 still holds 4 entries ..." in text

@@ -1,6 +1,7 @@
-"""`take_snapshot` against real bookie processes: every ledger, segment, bookie and copy is
-exported as the metadata and the bookies have it; a bookie that cannot be reached, answers
-nothing, or breaks off its dump midway is recorded as not responding, with no partial rows."""
+"""`take_snapshot` against real bookie processes: every ledger (DELETED ones too), segment,
+tombstone, bookie and copy is exported as the metadata and the bookies have it, with the
+cluster settings; a bookie that cannot be reached, answers nothing, or breaks off its dump
+midway is recorded as not responding, with no partial rows."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tally.audit.config import AuditConfig
 from tally.audit.snapshot import take_snapshot
 from tally.client.bookie_connection import BookieConnection
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import ClusterSettings
 from tally.core.errors import BadRequest
 from tally.core.ids import LedgerId
 from tally.core.protocol import (
@@ -31,25 +33,33 @@ from tally.core.protocol import (
 from tally.core.schedule import expected_entries
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import read_cluster
+from tally.metadata.cluster_settings import read_settings, write_settings
 from tally.metadata.stores import open_store
+from tally.metadata.tombstones import tombstone_pages
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
-from tests.support.processes import free_port
+from tests.support.processes import environment, free_port
 
 BOOKIES = 3
 CONFIG = tally.ClientConfig(explicit_lac_interval=0)
 MARKED_MS = 1_234_567
+SETTINGS = ClusterSettings(ledger_delete_retention=0, deletion_stuck_after=1234)
+"""The cluster's settings once the test's ledgers are deleted."""
+NO_GC = {"TALLY_BOOKIE_GC_WAIT_TIME": "86400"}
+"""No garbage collection while the module runs: a tombstoned ledger's data stays."""
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("snapshot"), BOOKIES) as cluster:
-        yield cluster
+    with environment(NO_GC), running_cluster(tmp_path_factory.mktemp("snapshot"), BOOKIES) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def written(cluster: Cluster) -> dict[LedgerId, int]:
-    """Ledgers of several shapes, all closed but the last, with the entries written to each."""
+    """Ledgers of several shapes, all closed but the last, with the entries written to each;
+    one of them archived and DELETED (within its retention), and one more deleted past its
+    retention: a tombstone, which its bookies have not acted on."""
     return asyncio.run(_write(cluster))
 
 
@@ -70,6 +80,18 @@ async def _write(cluster: Cluster) -> dict[LedgerId, int]:
                 await writer.append(b"entry %d" % i)
             await writer.close()
             written[writer.ledger_id] = entries
+        store = client.context.ledgers.store
+        for retention in (SETTINGS.ledger_delete_retention + 3600, 0):
+            await write_settings(store, ClusterSettings(ledger_delete_retention=retention))
+            writer = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+            for i in range(6):
+                await writer.append(b"deleted %d" % i)
+            await writer.close()
+            if retention:
+                written[writer.ledger_id] = 6
+                await client.set_archived(writer.ledger_id)
+            await client.delete_ledger(writer.ledger_id, reason="trimmed")
+        await write_settings(store, SETTINGS)
         still_open = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         for i in range(5):
             await still_open.append(b"open %d" % i)
@@ -104,26 +126,33 @@ def test_snapshot_exports_the_cluster_exactly(
         take_snapshot(cluster.uri, out, progress=lambda *args: progress.append(args))
     )
 
-    async def records() -> tuple[str, dict[LedgerId, Any]]:
+    async def records() -> tuple[str, dict[LedgerId, Any], list[Any], ClusterSettings]:
         async with tally.Client(cluster.uri) as client:
-            info = await read_cluster(client.context.ledgers.store)
+            store = client.context.ledgers.store
+            info = await read_cluster(store)
             assert info is not None
             found = {
                 ledger: (await client.context.ledgers.read_ledger_metadata(ledger)).metadata
                 for ledger in written
             }
-            return info.instance_id, found
+            tombstones = [
+                found async for page in tombstone_pages(store) for found in page.tombstones
+            ]
+            return info.instance_id, found, tombstones, await read_settings(store)
 
-    instance_id, metadata = asyncio.run(records())
+    instance_id, metadata, tombstones, settings = asyncio.run(records())
     assert json.loads((out / schema.SNAPSHOT_JSON).read_text()) == summary
     assert summary["format_version"] == schema.FORMAT_VERSION
     assert summary["cluster"] == {"metadata": cluster.uri, "instance_id": instance_id}
     assert summary["tool"] == {"name": "tally", "version": tally.__version__}
+    assert settings == SETTINGS
+    assert summary[schema.CLUSTER_SETTINGS] == SETTINGS.to_dict()
     for name, expected in (
         (schema.LEDGERS, schema.LEDGERS_SCHEMA),
         (schema.SEGMENTS, schema.SEGMENTS_SCHEMA),
         (schema.BOOKIES, schema.BOOKIES_SCHEMA),
         (schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA),
+        (schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA),
     ):
         for part in (out / name).glob("*.parquet"):
             assert pq.read_schema(part).remove_metadata() == expected, part
@@ -146,8 +175,33 @@ def test_snapshot_exports_the_cluster_exactly(
             "ctime_ms": md.ctime_ms,
             "digest_type": md.digest_type.name,
             "underreplicated_since_ms": MARKED_MS if ledger == marked else None,
+            "archived": md.archived,
+            "deleted_ms": None if md.deletion is None else md.deletion.time_ms,
         }
     assert any(row["scope"] < 0 for [row] in ledgers.values())
+    [deleted] = [row for [row] in ledgers.values() if row["state"] == "DELETED"]
+    assert deleted["archived"]
+    assert deleted["deleted_ms"] is not None
+
+    [tombstone] = tombstones
+    gone, deletion = tombstone.tombstone, tombstone.tombstone.deletion
+    assert deletion.reason == "trimmed"
+    assert _rows(out, schema.TOMBSTONES) == [
+        {
+            "scope": schema.to_int64(tombstone.ledger_id.scope),
+            "ledger_id": schema.to_int64(tombstone.ledger_id.id),
+            "deleted_ms": deletion.time_ms,
+            "reason": deletion.reason,
+            "violations": deletion.violations,
+            "check_detail": deletion.detail,
+            "tombstoned_ms": gone.tombstoned_ms,
+            "last_entry_id": 5,
+            "length": gone.length,
+            "bookies": sorted(gone.bookies),
+            "acknowledged_ms": [None] * len(gone.bookies),
+        }
+    ]
+    assert (summary["counts"]["tombstones"], summary["counts"]["unreadable_tombstones"]) == (1, 0)
 
     segments = _by_ledger(_rows(out, schema.SEGMENTS))
     for ledger, rows in segments.items():
@@ -190,7 +244,7 @@ def test_snapshot_exports_the_cluster_exactly(
     assert summary["counts"]["availability"] == sum(len(rows) for rows in availability.values())
 
     stages = {stage for stage, _, _ in progress}
-    assert stages == {"ledgers"} | {f"bookie {b.address}" for b in cluster.bookies}
+    assert stages == {"ledgers", "tombstones"} | {f"bookie {b.address}" for b in cluster.bookies}
     for bookie in cluster.bookies:
         done = [(d, t) for s, d, t in progress if s == f"bookie {bookie.address}"]
         assert (

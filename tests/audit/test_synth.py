@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 from tally.audit import schema
 from tally.audit.synth import (
     DEFAULT_FAULTS,
+    DELETED_LEDGER,
     FAULT_KINDS,
+    TOMBSTONE_PENDING,
+    UNREPORTED,
     WITHIN_GRACE,
     expected_encodings,
     ledger_key,
@@ -42,6 +45,7 @@ DATASETS = {
     schema.SEGMENTS: schema.SEGMENTS_SCHEMA,
     schema.BOOKIES: schema.BOOKIES_SCHEMA,
     schema.AVAILABILITY: schema.AVAILABILITY_SCHEMA,
+    schema.TOMBSTONES: schema.TOMBSTONES_SCHEMA,
 }
 
 
@@ -120,6 +124,13 @@ def reference_audit(out: Path) -> dict[str, set[str]]:
             found[Category.PLACEMENT_FAIL.value].add(name)
         elif worst is PlacementAdherence.MEETS_SOFT:
             found[Category.PLACEMENT_SOFT.value].add(name)
+    stuck_ms = truth["deletion_stuck_after"] * 1000
+    for tombstone in _read(out, schema.TOMBSTONES).to_pylist():
+        key = tombstone["scope"], tombstone["ledger_id"]
+        known.add(key)
+        overdue = truth["now_ms"] - tombstone["tombstoned_ms"] >= stuck_ms
+        if overdue and any(held[key].get(bookie) for bookie in responded):
+            found[Category.DELETION_STUCK.value].add(ledger_key(*key))
     for key in held.keys() - known:
         found[Category.ORPHAN_DATA.value].add(ledger_key(*key))
     found[Category.UNRESPONSIVE_REGISTERED_BOOKIE.value] = {
@@ -174,9 +185,9 @@ def test_every_category_is_injected_with_the_default_spec(default_snapshot: Path
     over = Category.OVER_REPLICATED.value
     wanted = parse_faults(DEFAULT_FAULTS)
     for kind, count in wanted.items():
-        found = truth[kind] if kind in (WITHIN_GRACE, over) else truth["categories"][kind]
+        found = truth[kind] if kind in (*UNREPORTED, over) else truth["categories"][kind]
         assert len(found) == count, kind
-    for keys in [*truth["categories"].values(), truth[WITHIN_GRACE], truth[over]]:
+    for keys in [*truth["categories"].values(), *(truth[key] for key in UNREPORTED), truth[over]]:
         assert keys == sorted(keys)
     assert truth["grace_period_ms"] > 0
     assert truth["params"]["min_racks"] == 2
@@ -208,6 +219,44 @@ def test_ledgers_marked_within_the_grace_period_really_miss_copies(
         assert 0 < truth["now_ms"] - ledger["underreplicated_since_ms"] <= truth["grace_period_ms"]
 
 
+def test_deleted_ledgers_keep_data_that_the_checks_must_not_report(
+    default_snapshot: Path,
+) -> None:
+    """The deletion faults are meaningful: DELETED ledgers and young tombstones have data on
+    responding bookies, and stuck tombstones are past deletion_stuck_after with data still
+    held; none of it is orphan data."""
+    truth = _truth(default_snapshot)
+    now, stuck_ms = truth["now_ms"], truth["deletion_stuck_after"] * 1000
+    holders: dict[str, set[str]] = defaultdict(set)
+    for row in _read(default_snapshot, schema.AVAILABILITY).to_pylist():
+        holders[ledger_key(row["scope"], row["ledger_id"])].add(row["bookie_id"])
+    ledgers = {
+        ledger_key(row["scope"], row["ledger_id"]): row
+        for row in _read(default_snapshot, schema.LEDGERS).to_pylist()
+    }
+    for name in truth[DELETED_LEDGER]:
+        assert ledgers[name]["state"] == "DELETED"
+        assert ledgers[name]["deleted_ms"] < now
+        assert holders[name]
+    tombstones = {
+        ledger_key(row["scope"], row["ledger_id"]): row
+        for row in _read(default_snapshot, schema.TOMBSTONES).to_pylist()
+    }
+    assert set(tombstones) == set(truth["categories"]["deletion_stuck"]) | set(
+        truth[TOMBSTONE_PENDING]
+    )
+    assert not set(tombstones) & set(ledgers), "a tombstone replaces the metadata"
+    for name, row in tombstones.items():
+        acknowledged = dict(zip(row["bookies"], row["acknowledged_ms"], strict=True))
+        assert {bookie for bookie, ms in acknowledged.items() if ms is None} == holders[name]
+        age = now - row["tombstoned_ms"]
+        if name in truth[TOMBSTONE_PENDING]:
+            assert age < stuck_ms or not holders[name]
+        else:
+            assert age >= stuck_ms
+            assert holders[name]
+
+
 def test_every_dataset_has_exactly_the_contract_schema(default_snapshot: Path) -> None:
     for name, expected in DATASETS.items():
         parts = sorted((default_snapshot / name).glob("*.parquet"))
@@ -230,9 +279,14 @@ def test_the_cluster_looks_real(default_snapshot: Path) -> None:
     closed = ledgers[ledgers.state == "CLOSED"]
     entries = closed.last_entry_id + 1
     assert entries.median() < 100 < entries.max(), "most small, a heavy tail"
-    assert set(ledgers.state) == {"CLOSED", "OPEN", "IN_RECOVERY"}
-    open_ids = set(zip(ledgers[ledgers.state != "CLOSED"].ledger_id, strict=True))
-    assert (ledgers[ledgers.state != "CLOSED"].last_entry_id == -1).all()
+    assert set(ledgers.state) == {"CLOSED", "OPEN", "IN_RECOVERY", "DELETED"}
+    unclosed = ledgers[ledgers.state.isin(["OPEN", "IN_RECOVERY"])]
+    open_ids = set(zip(unclosed.ledger_id, strict=True))
+    assert (unclosed.last_entry_id == -1).all()
+    deleted = ledgers[ledgers.state == "DELETED"]
+    assert (deleted.last_entry_id >= 0).all(), "a DELETED ledger keeps the end it was closed at"
+    assert deleted.deleted_ms.notna().all()
+    assert ledgers[ledgers.state != "DELETED"].deleted_ms.isna().all()
     assert (closed.last_entry_id == -1).any(), "some empty closed ledgers"
     mixes = set(zip(ledgers.ensemble_size, ledgers.write_quorum, ledgers.ack_quorum, strict=True))
     assert {(3, 3, 2), (3, 2, 2)} <= mixes

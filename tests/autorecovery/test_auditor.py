@@ -28,7 +28,7 @@ from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.digest import DigestType
 from tally.core.ids import LedgerId
-from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.ledger_metadata import Deletion, LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
@@ -123,9 +123,14 @@ class Harness:
             await self.bookie_stores.pop(bookie).close()
 
     async def ledger(
-        self, ensemble: tuple[str, ...], *, write_quorum: int = 2, last: int | None = 9
+        self,
+        ensemble: tuple[str, ...],
+        *,
+        write_quorum: int = 2,
+        last: int | None = 9,
+        deleted: bool = False,
     ) -> LedgerId:
-        """A ledger on `ensemble`, closed at `last` (None: left open)."""
+        """A ledger on `ensemble`, closed at `last` (None: left open), then DELETED if asked."""
         ledger_id = await self.ledgers.generate_ledger_id()
         metadata = LedgerMetadata.create(
             ensemble=ensemble,
@@ -138,6 +143,8 @@ class Harness:
         )
         if last is not None:
             metadata = metadata.close(last, 10 * (last + 1))
+        if deleted:
+            metadata = metadata.deleted(Deletion(1, "deleted by the test"))
         await self.ledgers.create_ledger_metadata(ledger_id, metadata)
         return ledger_id
 
@@ -492,6 +499,7 @@ async def test_the_ledger_check_marks_unreachable_bookies_but_leaves_lost_ones_t
         await h.up(B1)  # registered, but nothing listens there
         ledger_id = await h.ledger((B1, B3))  # B3 is not registered: lost, with its delay
         await h.ledger((B1, B3), last=-1)  # closed empty: nothing to read
+        await h.ledger((B1, B3), deleted=True)  # DELETED: kept for an undelete, not judged
         async with h.auditor(settings) as (auditor, _, _):
             await until(lambda: last_runs(auditor)["check_all_ledgers"])
             assert await h.marked() == {ledger_id: frozenset({B1})}

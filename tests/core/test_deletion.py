@@ -131,6 +131,13 @@ def test_stuck_means_pending_past_the_threshold() -> None:
     assert not tombstone({"a": 2_000}).stuck(10**12, 3_600)
 
 
+def test_overdue_is_the_threshold_past_the_tombstone_whatever_the_acknowledgements() -> None:
+    for bookies in ({"a": None}, {"a": 2_000}, {}):
+        assert tombstone(bookies).overdue(1_000 + 3_600_000, 3_600)
+        assert not tombstone(bookies).overdue(1_000 + 3_599_999, 3_600)
+    assert tombstone({"a": None}).overdue(1_000, 0)
+
+
 @given(
     acks=st.dictionaries(
         st.sampled_from("abcdef"), st.one_of(st.none(), st.integers(1_000, 10**9)), min_size=1

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
 from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
+from tally.core.deletion import Tombstone
 from tally.core.digest import DigestType
 from tally.core.durability import DurabilityCategory
 from tally.core.errors import BadRequest
@@ -20,10 +21,11 @@ from tally.core.ledger_audit import (
     Category,
     Violation,
     audit_ledger,
+    deletion_stuck,
     marked_too_long,
     potentially_faulty,
 )
-from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState, Segment
 from tally.core.placement import (
     DEFAULT_RACK,
     PlacementAdherence,
@@ -422,9 +424,63 @@ def test_a_negative_grace_period_is_refused() -> None:
 
 def test_category_values_are_the_report_names() -> None:
     assert [c.value for c in Category] == [c.name.lower() for c in Category]
-    assert len(Category) == 11
+    assert len(Category) == 12
     assert [c for c in Category if not c.is_violation] == [Category.OVER_REPLICATED]
     assert tuple(c for c in Category if c.is_violation) == VIOLATION_CATEGORIES
+
+
+# -- deletion_stuck ---------------------------------------------------------------------------
+
+TOMBSTONED_MS = 5 * HOUR_MS
+STUCK_AFTER = 3_600
+
+
+def _tombstone() -> Tombstone:
+    return Tombstone(
+        Deletion(HOUR_MS, "retention"),
+        TOMBSTONED_MS,
+        29,
+        30,
+        {"b0": None, "b1": TOMBSTONED_MS + 5, "b2": TOMBSTONED_MS + 7},
+    )
+
+
+def _stuck(held: dict[str, set[int]], now: int) -> list[Violation]:
+    availability = {b: EntryAvailability.from_entries(s) for b, s in held.items()}
+    return deletion_stuck(_tombstone(), availability, now_ms=now, stuck_after=STUCK_AFTER)
+
+
+def test_a_tombstone_past_the_threshold_is_stuck_on_each_bookie_that_holds_data() -> None:
+    held = {"b3": {4}, "b0": set(range(10)), "b2": set(), "b1": {0, 1}}
+    rows = _stuck(held, TOMBSTONED_MS + HOUR_MS)
+    assert _rows(rows) == [
+        ("deletion_stuck", None, "b0", 10),
+        ("deletion_stuck", None, "b1", 2),
+        ("deletion_stuck", None, "b3", 1),
+    ]
+    details = {row.bookie_id: row.detail for row in rows}
+    assert details["b0"] == (
+        "bookie b0 still holds 10 entries (entries 0, 1, 2, 3, 4, ...) of the ledger deleted "
+        f"at {HOUR_MS} ms (retention) and tombstoned {HOUR_MS} ms ago, longer than "
+        "deletion_stuck_after (3600 s); the tombstone names it and waits for its "
+        "acknowledgement: its garbage collection has not dropped them (`tally shell gcstatus "
+        "--bookie b0`)"
+    )
+    assert (
+        f"it acknowledged the tombstone at {TOMBSTONED_MS + 5} ms, yet holds them"
+        in (details["b1"])
+    )
+    assert "the tombstone does not name it" in details["b3"]
+
+
+def test_a_younger_tombstone_is_a_deletion_on_its_way_not_stuck() -> None:
+    assert _stuck({"b0": {1, 2}}, TOMBSTONED_MS + HOUR_MS - 1) == []
+    assert _stuck({"b0": {1, 2}}, TOMBSTONED_MS) == []
+
+
+def test_a_tombstone_whose_bookies_hold_nothing_is_not_stuck() -> None:
+    assert _stuck({"b0": set(), "b1": set()}, TOMBSTONED_MS + 10 * HOUR_MS) == []
+    assert _stuck({}, TOMBSTONED_MS + 10 * HOUR_MS) == []
 
 
 # -- clean_ledgers: the batch fast path -------------------------------------------------------

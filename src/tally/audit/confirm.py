@@ -12,10 +12,16 @@ What "still holds" means per finding:
   was potentially faulty is judged anew as a whole (its bookies may answer now: this is
   BP-34's delayed re-check), so any category the fresh verdict finds is kept; so is a
   ledger of invalid_metadata, which the snapshot's rows did not let the checks judge;
-- orphan_data: the ledger still has no metadata and a bookie reported with its data still
-  holds some; a ledger now gone drops every other finding;
+- orphan_data: the ledger still has neither metadata nor tombstone and a bookie reported
+  with its data still holds some; a ledger now gone drops every other finding. A ledger
+  deleted since (DELETED metadata, which keeps its data on purpose, or a tombstone, whose
+  bookies drop its data at their next garbage collection) is no orphan;
+- deletion_stuck: the ledger's tombstone is still there, older than the cluster's
+  deletion_stuck_after now, and the bookie reported still holds some of its data
+  (`deletion_stuck`, as the checks judged it);
 - unresponsive_registered_bookie: the bookie is still registered and still does not answer.
-A ledger whose metadata no longer decodes cannot be judged: its findings stand as reported.
+A ledger whose metadata or tombstone no longer decodes cannot be judged: its findings stand
+as reported.
 Over-replication (over_replicated/) is not confirmed: it is no violation, and nothing acts
 on it.
 """
@@ -40,6 +46,7 @@ from tally.audit.snapshot import DatasetWriter, Progress, write_json
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import Tombstone
 from tally.core.errors import (
     BookieUnavailable,
     MalformedData,
@@ -48,13 +55,21 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category, Violation, audit_ledger
+from tally.core.ledger_audit import (
+    VIOLATION_CATEGORIES,
+    Category,
+    Violation,
+    audit_ledger,
+    deletion_stuck,
+)
 from tally.core.ledger_metadata import LedgerState
 from tally.core.placement import DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM, racks_in_cluster
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.cluster import require_cluster
+from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.stores import open_store
+from tally.metadata.tombstones import read_tombstone
 from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)
@@ -78,9 +93,16 @@ class _Reported:
     categories: set[Category] = field(default_factory=set)
     bookies: set[str] = field(default_factory=set)
     """Bookies named by its rows (those outside its ensembles are asked too)."""
-    orphan_holders: set[str] = field(default_factory=set)
     violations: list[Violation] = field(default_factory=list)
     """Its rows as reported."""
+
+    def holders(self, category: Category) -> set[str]:
+        """The bookies its rows of `category` name."""
+        return {
+            violation.bookie_id
+            for violation in self.violations
+            if violation.category is category and violation.bookie_id
+        }
 
 
 @dataclass
@@ -93,6 +115,8 @@ class _Context:
     cluster_racks: int
     min_racks: int
     grace_period_ms: int
+    stuck_after: int
+    """The cluster's deletion_stuck_after now, in seconds."""
 
 
 async def confirm(
@@ -120,6 +144,7 @@ async def confirm(
         available = await registry.available_bookies()
         placements = await registry.placements()
         racks = {bookie: placement.rack for bookie, placement in placements.items()}
+        settings = await read_settings(store)
         context = _Context(
             ledgers=LedgerManager(store),
             marks=UnderReplicationManager(store),
@@ -131,6 +156,7 @@ async def confirm(
             grace_period_ms=(
                 grace_period_ms if grace_period_ms is not None else _recorded_grace(report)
             ),
+            stuck_after=settings.deletion_stuck_after,
         )
         try:
             kept, still_silent = await _recheck(context, by_ledger, silent_bookies, show)
@@ -179,8 +205,6 @@ def _read_findings(report: Path) -> tuple[dict[tuple[int, int], _Reported], set[
         )
         if row["bookie_id"]:
             reported.bookies.add(row["bookie_id"])
-            if category is Category.ORPHAN_DATA:
-                reported.orphan_holders.add(row["bookie_id"])
     return by_ledger, silent_bookies
 
 
@@ -280,16 +304,9 @@ async def _recheck_ledger(
     try:
         record = await context.ledgers.read_ledger_metadata(ledger_id)
     except NoSuchLedger:
-        if Category.ORPHAN_DATA not in reported.categories:
-            return []
-        return await _orphans(context, ledger_id, reported.orphan_holders)
+        return await _without_metadata(context, ledger_id, reported)
     except MalformedData as error:
-        log.error(
-            "confirm: ledger %s has unreadable metadata, its findings stand as reported: %s",
-            ledger_id,
-            error,
-        )
-        return reported.violations
+        return _unreadable(ledger_id, "metadata", error, reported)
     metadata = record.metadata
     if metadata.state is not LedgerState.CLOSED or metadata.last_entry_id < 0:
         return []
@@ -311,8 +328,52 @@ async def _recheck_ledger(
     return [violation for violation in fresh if violation.category in reported.categories]
 
 
+def _unreadable(
+    ledger_id: LedgerId, what: str, error: MalformedData, reported: _Reported
+) -> list[Violation]:
+    log.error(
+        "confirm: ledger %s has an unreadable %s, its findings stand as reported: %s",
+        ledger_id,
+        what,
+        error,
+    )
+    return reported.violations
+
+
+async def _without_metadata(
+    context: _Context, ledger_id: LedgerId, reported: _Reported
+) -> list[Violation]:
+    """The findings that still hold of a ledger with no metadata: deletion_stuck ones if it
+    has a tombstone, orphan_data ones if it has none either."""
+    try:
+        found = await read_tombstone(context.ledgers.store, ledger_id)
+    except MalformedData as error:
+        return _unreadable(ledger_id, "tombstone", error, reported)
+    if found is not None:
+        return await _stuck(
+            context, ledger_id, found.tombstone, reported.holders(Category.DELETION_STUCK)
+        )
+    return await _orphans(context, ledger_id, reported.holders(Category.ORPHAN_DATA))
+
+
+async def _stuck(
+    context: _Context, ledger_id: LedgerId, tombstone: Tombstone, holders: set[str]
+) -> list[Violation]:
+    """deletion_stuck rows for the reported bookies that still hold the tombstoned ledger;
+    a bookie that does not answer confirms nothing."""
+    bookies = sorted(holders)
+    answers = await asyncio.gather(*(_held(context, b, ledger_id) for b in bookies))
+    return deletion_stuck(
+        tombstone,
+        {b: held for b, held in zip(bookies, answers, strict=True) if held is not None},
+        now_ms=int(time.time() * 1000),
+        stuck_after=context.stuck_after,
+    )
+
+
 async def _orphans(context: _Context, ledger_id: LedgerId, holders: set[str]) -> list[Violation]:
-    """orphan_data rows for the reported bookies that still hold the metadata-less ledger."""
+    """orphan_data rows for the reported bookies that still hold the ledger, which has
+    neither metadata nor tombstone."""
     found = []
     for bookie in sorted(holders):
         held = await _held(context, bookie, ledger_id)
@@ -324,7 +385,7 @@ async def _orphans(context: _Context, ledger_id: LedgerId, holders: set[str]) ->
                     bookie,
                     len(held),
                     f"bookie {bookie} still holds {len(held)} entries of ledger {ledger_id}, "
-                    "which has no metadata",
+                    "which has neither metadata nor tombstone",
                 )
             )
     return found

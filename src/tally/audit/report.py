@@ -35,6 +35,7 @@ SEVERITY = (
     Category.INVALID_METADATA,
     Category.PLACEMENT_FAIL,
     Category.ORPHAN_DATA,
+    Category.DELETION_STUCK,
     Category.POTENTIALLY_FAULTY,
     Category.PLACEMENT_SOFT,
     Category.UNRESPONSIVE_REGISTERED_BOOKIE,
@@ -51,7 +52,9 @@ MEANING = {
     Category.PLACEMENT_SOFT: "meets the minimum, but spans fewer racks than the cluster has",
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "a registered bookie did not answer (bookies)",
     Category.POTENTIALLY_FAULTY: "a bookie of the ledger did not answer; its copies not judged",
-    Category.ORPHAN_DATA: "a bookie holds data of a ledger the metadata does not have",
+    Category.ORPHAN_DATA: "a bookie holds data of a ledger with neither metadata nor tombstone",
+    Category.DELETION_STUCK: "a bookie still holds data of a ledger deleted (tombstoned) longer "
+    "than deletion_stuck_after ago",
     Category.INVALID_METADATA: "the snapshot's rows of the ledger make no valid ledger: not judged",
 }
 
@@ -65,6 +68,7 @@ COLOURS = {
     Category.UNRESPONSIVE_REGISTERED_BOOKIE: "#37474f",
     Category.POTENTIALLY_FAULTY: "#90a4ae",
     Category.ORPHAN_DATA: "#2e7d32",
+    Category.DELETION_STUCK: "#9e9d24",
     Category.INVALID_METADATA: "#4e342e",
 }
 

@@ -2,15 +2,18 @@
 
 Other tools and synthetic generators write snapshots too, so the column names, types and
 meanings here change only with `FORMAT_VERSION`. A snapshot directory holds one Parquet
-dataset per table (`ledgers/`, `segments/`, `bookies/`, `availability/`) and
-`snapshot.json`. Ledger ids are two unsigned 64-bit halves; Parquet has no unsigned 64-bit
-type that Spark reads, so each half is stored as the int64 with the same bits
-(`to_int64` / `from_int64`), which keeps equality and joins exact.
+dataset per table (`ledgers/`, `segments/`, `bookies/`, `availability/`, `tombstones/`) and
+`snapshot.json`, which records the cluster settings the checks apply (`cluster_settings`:
+`ClusterSettings.to_dict()`, `deletion_stuck_after` among them). Ledger ids are two
+unsigned 64-bit halves; Parquet has no unsigned 64-bit type that Spark reads, so each half
+is stored as the int64 with the same bits (`to_int64` / `from_int64`), which keeps equality
+and joins exact.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,15 +21,20 @@ import pyarrow as pa
 from tally.core.errors import BadRequest
 from tally.core.ids import UINT64_MAX
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: DELETED ledgers with their archival bit and deletion time, tombstones/, and the
+cluster settings in snapshot.json."""
 
 LEDGERS = "ledgers"
 SEGMENTS = "segments"
 BOOKIES = "bookies"
 AVAILABILITY = "availability"
+TOMBSTONES = "tombstones"
 SNAPSHOT_JSON = "snapshot.json"
+CLUSTER_SETTINGS = "cluster_settings"
+"""snapshot.json's key for the cluster settings when the snapshot was taken."""
 TRUTH_JSON = "truth.json"
-SNAPSHOT_TABLES = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY)
+SNAPSHOT_TABLES = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY, TOMBSTONES)
 SNAPSHOT_PARTS = (*SNAPSHOT_TABLES, SNAPSHOT_JSON)
 """What a snapshot directory holds."""
 
@@ -48,10 +56,15 @@ LEDGERS_SCHEMA = pa.schema(
         pa.field("ctime_ms", pa.int64(), nullable=False),
         pa.field("digest_type", pa.string(), nullable=False),
         pa.field("underreplicated_since_ms", pa.int64(), nullable=True),
+        pa.field("archived", pa.bool_(), nullable=False),
+        pa.field("deleted_ms", pa.int64(), nullable=True),
     ]
 )
-"""One row per ledger; state is OPEN / IN_RECOVERY / CLOSED, last_entry_id -1 when empty or
-not closed, digest_type a DigestType name (CRC32C, ...)."""
+"""One row per ledger with metadata; state is OPEN / IN_RECOVERY / CLOSED / DELETED,
+last_entry_id -1 when empty or not closed (a DELETED ledger keeps the end it was closed at),
+digest_type a DigestType name (CRC32C, ...), archived the archival bit, deleted_ms when a
+DELETED ledger was deleted (null otherwise). A DELETED ledger keeps its data on purpose until
+its metadata becomes a tombstone: it is neither judged nor orphaned."""
 
 SEGMENTS_SCHEMA = pa.schema(
     [
@@ -88,6 +101,28 @@ AVAILABILITY_SCHEMA = pa.schema(
 )
 """One row per (bookie, ledger) the bookie holds; availability is the seed-000 encoding
 (`EntryAvailability.to_bytes`)."""
+
+TOMBSTONES_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("deleted_ms", pa.int64(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("violations", pa.int64(), nullable=False),
+        pa.field("check_detail", pa.string(), nullable=False),
+        pa.field("tombstoned_ms", pa.int64(), nullable=False),
+        pa.field("last_entry_id", pa.int64(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("bookies", pa.list_(pa.string()), nullable=False),
+        pa.field("acknowledged_ms", pa.list_(pa.int64()), nullable=False),
+    ]
+)
+"""One row per tombstone (what is left of a ledger deleted past its retention), as the store
+keeps it (`tally.core.deletion.Tombstone`): when and why it was deleted, the durability
+check's missing copies then (violations, -1 when not checked) and verdict, when the tombstone
+was written, the ledger's end, and the bookies it names with, at the same index, when each
+acknowledged dropping the ledger's data (null until it has). Data of a tombstoned ledger is
+not orphan: its bookies drop it at their next garbage collection, or it is deletion_stuck."""
 
 VIOLATIONS_SCHEMA = pa.schema(
     [
@@ -128,14 +163,31 @@ class BookieState(enum.Enum):
 
 
 def require_snapshot(path: Path) -> None:
-    """BadRequest unless `path` holds a snapshot's tables: cheap to ask before Spark starts."""
+    """BadRequest unless `path` holds a snapshot's tables in this format (as far as its
+    snapshot.json says): cheap to ask before Spark starts."""
+    how = (
+        f"with `tally audit snapshot --metadata URI --out {path}` (or `tally audit synth` for "
+        "a synthetic one)"
+    )
+    recorded = _recorded_format(path)
+    if recorded is not None and recorded != FORMAT_VERSION:
+        raise BadRequest(
+            f"the audit snapshot at {path} has format {recorded}, and this tally reads format "
+            f"{FORMAT_VERSION}: take a new one {how}"
+        )
     missing = [table for table in SNAPSHOT_TABLES if not (path / table).is_dir()]
     if missing:
         found = "no such directory" if not path.is_dir() else f"no {', '.join(missing)} in it"
-        raise BadRequest(
-            f"no audit snapshot at {path} ({found}): take one with `tally audit snapshot "
-            f"--metadata URI --out {path}` (or `tally audit synth` for a synthetic one)"
-        )
+        raise BadRequest(f"no audit snapshot at {path} ({found}): take one {how}")
+
+
+def _recorded_format(path: Path) -> object:
+    """snapshot.json's format_version; None when it has none, or cannot be read."""
+    try:
+        recorded = json.loads((path / SNAPSHOT_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded.get("format_version") if isinstance(recorded, dict) else None
 
 
 def to_int64(half: int) -> int:

@@ -5,7 +5,10 @@ metadata once and asks each bookie once for its whole availability (AVAILABILITY
 the Spark checks can join the two offline. The metadata goes first: a ledger closed before
 the walk has all its entries on its bookies already, so the dumps that follow can only show
 more than the metadata knows (a ledger created meanwhile looks orphaned), never less; the
-confirmation pass (`tally.audit.confirm`) drops such skew.
+confirmation pass (`tally.audit.confirm`) drops such skew. The tombstones are walked after
+the ledgers, and a ledger's metadata is replaced by its tombstone in one transaction, so a
+ledger the ledger walk misses because it was tombstoned is in the tombstone walk; one
+tombstoned between the two walks is in both, and the checks take its tombstone.
 
 Memory stays bounded: ledgers are written a page at a time, and each bookie's dump streams
 into its own Parquet part in row batches. A bookie that cannot be reached, or whose dump
@@ -30,6 +33,7 @@ import pyarrow.parquet as pq
 from tally.audit import schema
 from tally.audit.config import AuditConfig
 from tally.client.bookie_pool import BookiePool
+from tally.core.deletion import Tombstone
 from tally.core.errors import BadRequest, TallyError
 from tally.core.ids import LedgerId
 from tally.core.placement import DEFAULT_RACK
@@ -39,8 +43,11 @@ from tally.metadata.bookie_registry import (
     BookieRegistry,
 )
 from tally.metadata.cluster import require_cluster
+from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
+from tally.metadata.tombstones import tombstone_pages
 from tally.metadata.underreplication import UnderReplicationManager
 from tally.version import __version__
 
@@ -60,6 +67,7 @@ _DICTIONARY_COLUMNS = {
     schema.SEGMENTS: ["ensemble"],
     schema.BOOKIES: ["rack", "state"],
     schema.AVAILABILITY: ["bookie_id"],
+    schema.TOMBSTONES: ["reason", "bookies"],
     schema.VIOLATIONS: ["category", "bookie_id"],
 }
 """Columns with few distinct values; ids and encodings gain nothing from a dictionary."""
@@ -172,9 +180,11 @@ async def take_snapshot(
             mark.ledger_id: mark.first_marked_ms
             async for mark in UnderReplicationManager(store).list_under_replicated()
         }
+        settings = await read_settings(store)
         named, ledgers, segments, unreadable = await _export_ledgers(
             LedgerManager(store), marks, out, report
         )
+        tombstones, unreadable_tombstones = await _export_tombstones(store, out, report)
         available = await registry.available_bookies()
         placements = await registry.placements()
         registered = sorted(available.writable | available.read_only)
@@ -196,10 +206,13 @@ async def take_snapshot(
         "created_ms": created_ms,
         "cluster": {"metadata": metadata_uri, "instance_id": cluster.instance_id},
         "tool": {"name": "tally", "version": __version__},
+        schema.CLUSTER_SETTINGS: settings.to_dict(),
         "counts": {
             "ledgers": ledgers,
             "segments": segments,
             "unreadable_ledgers": unreadable,
+            "tombstones": tombstones,
+            "unreadable_tombstones": unreadable_tombstones,
             "underreplicated": len(marks),
             "bookies": len(rows["bookie_id"]),
             "bookies_registered": len(registered),
@@ -219,7 +232,7 @@ def _bookie_rows(
     failures: dict[str, str],
 ) -> dict[str, list[Any]]:
     """Every bookie registered or named by an ensemble; only registered ones were asked."""
-    rows: dict[str, list[Any]] = _empty(schema.BOOKIES_SCHEMA)
+    rows: dict[str, list[Any]] = empty_rows(schema.BOOKIES_SCHEMA)
     for bookie in sorted(available.writable | available.read_only | named):
         if bookie in available.writable:
             state = schema.BookieState.WRITABLE
@@ -250,8 +263,8 @@ async def _export_ledgers(
     segments = DatasetWriter(out / schema.SEGMENTS, schema.SEGMENTS_SCHEMA, schema.SEGMENTS)
     named: set[str] = set()
     unreadable = 0
-    ledger_rows = _empty(schema.LEDGERS_SCHEMA)
-    segment_rows = _empty(schema.SEGMENTS_SCHEMA)
+    ledger_rows = empty_rows(schema.LEDGERS_SCHEMA)
+    segment_rows = empty_rows(schema.SEGMENTS_SCHEMA)
     async for page in manager.ledger_pages(LEDGER_PAGE):
         for bad in page.unreadable:
             log.error("snapshot: %s: %s", bad.path, bad.error)
@@ -261,8 +274,8 @@ async def _export_ledgers(
         if len(segment_rows["ensemble"]) >= ROW_BATCH:
             ledgers.write_rows(ledger_rows)
             segments.write_rows(segment_rows)
-            ledger_rows = _empty(schema.LEDGERS_SCHEMA)
-            segment_rows = _empty(schema.SEGMENTS_SCHEMA)
+            ledger_rows = empty_rows(schema.LEDGERS_SCHEMA)
+            segment_rows = empty_rows(schema.SEGMENTS_SCHEMA)
         report("ledgers", ledgers.rows + len(ledger_rows["ledger_id"]), None)
     ledgers.write_rows(ledger_rows)
     segments.write_rows(segment_rows)
@@ -271,7 +284,8 @@ async def _export_ledgers(
     return named, ledgers.rows, segments.rows, unreadable
 
 
-def _empty(table_schema: pa.Schema) -> dict[str, list[Any]]:
+def empty_rows(table_schema: pa.Schema) -> dict[str, list[Any]]:
+    """Rows of `table_schema` to fill: an empty list per column."""
     return {name: [] for name in table_schema.names}
 
 
@@ -297,6 +311,8 @@ def _ledger_rows(
         ("ctime_ms", metadata.ctime_ms),
         ("digest_type", metadata.digest_type.name),
         ("underreplicated_since_ms", marked_ms),
+        ("archived", metadata.archived),
+        ("deleted_ms", None if metadata.deletion is None else metadata.deletion.time_ms),
     ):
         ledgers[name].append(value)
     for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
@@ -307,6 +323,44 @@ def _ledger_rows(
         segments["last_entry_id"].append(-1 if last is None else last)
         segments["ensemble"].append(list(segment.ensemble))
         named.update(segment.ensemble)
+
+
+async def _export_tombstones(store: MetadataStore, out: Path, report: Progress) -> tuple[int, int]:
+    """Write tombstones/; (tombstones, tombstones that do not decode)."""
+    writer = DatasetWriter(out / schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA, schema.TOMBSTONES)
+    unreadable = 0
+    async for page in tombstone_pages(store, LEDGER_PAGE):
+        for path, error in page.unreadable:
+            log.error("snapshot: %s: %s", path, error)
+        unreadable += len(page.unreadable)
+        rows = empty_rows(schema.TOMBSTONES_SCHEMA)
+        for found in page.tombstones:
+            add_tombstone_row(rows, found.ledger_id, found.tombstone)
+        writer.write_rows(rows)
+        report("tombstones", writer.rows, None)
+    writer.close()
+    return writer.rows, unreadable
+
+
+def add_tombstone_row(
+    rows: dict[str, list[Any]], ledger_id: LedgerId, tombstone: Tombstone
+) -> None:
+    """Append the tombstone's row of TOMBSTONES_SCHEMA to `rows` (lists by column)."""
+    deletion = tombstone.deletion
+    for name, value in (
+        ("scope", schema.to_int64(ledger_id.scope)),
+        ("ledger_id", schema.to_int64(ledger_id.id)),
+        ("deleted_ms", deletion.time_ms),
+        ("reason", deletion.reason),
+        ("violations", deletion.violations),
+        ("check_detail", deletion.detail),
+        ("tombstoned_ms", tombstone.tombstoned_ms),
+        ("last_entry_id", tombstone.last_entry_id),
+        ("length", tombstone.length),
+        ("bookies", list(tombstone.bookies)),
+        ("acknowledged_ms", list(tombstone.bookies.values())),
+    ):
+        rows[name].append(value)
 
 
 async def _export_availability(
@@ -347,7 +401,7 @@ async def _dump_bookie(
     stage = f"bookie {bookie}"
     connection = await pool.get(bookie)
     done = 0
-    batch = _empty(schema.AVAILABILITY_SCHEMA)
+    batch = empty_rows(schema.AVAILABILITY_SCHEMA)
     report(stage, 0, None)
     async with contextlib.aclosing(connection.availability_dump()) as stream:
         async for record in stream:
@@ -358,7 +412,7 @@ async def _dump_bookie(
             if len(batch["availability"]) >= ROW_BATCH:
                 writer.write_rows(batch)
                 done += len(batch["availability"])
-                batch = _empty(schema.AVAILABILITY_SCHEMA)
+                batch = empty_rows(schema.AVAILABILITY_SCHEMA)
                 report(stage, done, None)
     writer.write_rows(batch)
     report(stage, done + len(batch["availability"]), done + len(batch["availability"]))

@@ -4,8 +4,10 @@ cannot give an entry of, naming that bookie.
 
 The first and last entry of a segment are read, or `auditor_ledger_verification_percentage`
 of them. Bookies that are not registered are left to the lost-bookie handling, so that
-their `lost_bookie_recovery_delay` holds. Before marking, the ledger's metadata is read
-again: a deleted ledger is left alone, a changed one is checked again first.
+their `lost_bookie_recovery_delay` holds. A DELETED ledger is not checked: it keeps its data
+for an undelete, not for readers, as the replicas check and the audit leave it too. Before
+marking, the ledger's metadata is read again: a deleted ledger is left alone, a changed one
+is checked again first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tally.client.context import ClientContext
 from tally.core.entry_format import peek_header
 from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerState
 from tally.core.schedule import entries_to_verify
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import AuditorCheck
@@ -70,7 +73,9 @@ class _LedgerCheck:
                     unreadable.error,
                 )
             await for_each(
-                page.ledgers, self.config.auditor_max_concurrent_bookie_requests, self._verify
+                [r for r in page.ledgers if r.metadata.state is not LedgerState.DELETED],
+                self.config.auditor_max_concurrent_bookie_requests,
+                self._verify,
             )
         return self.marked
 
@@ -83,6 +88,8 @@ class _LedgerCheck:
             current = await self.context.ledgers.read_ledger_metadata(record.ledger_id)
         except NoSuchLedger:
             return  # deleted meanwhile: its bookies may well have dropped it
+        if current.metadata.state is LedgerState.DELETED:
+            return  # deleted meanwhile: its data is kept for an undelete, not judged
         if current.version != record.version:
             failures = await self._read_segments(current)
             if not failures:

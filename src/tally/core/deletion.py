@@ -172,9 +172,14 @@ class Tombstone:
         since = max(acks) if acks and not self.pending else self.tombstoned_ms
         return now_ms >= since + retention * 1000
 
+    def overdue(self, now_ms: int, threshold: int) -> bool:
+        """Whether `threshold` seconds have passed since the tombstone was written: by then
+        every bookie's garbage collection should have dropped the ledger."""
+        return now_ms >= self.tombstoned_ms + threshold * 1000
+
     def stuck(self, now_ms: int, threshold: int) -> bool:
         """Whether bookies still hold data `threshold` seconds after the tombstone was written."""
-        return bool(self.pending) and now_ms >= self.tombstoned_ms + threshold * 1000
+        return bool(self.pending) and self.overdue(now_ms, threshold)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,10 @@ again for another position of the same segment (it then holds every entry of the
 adds in flight to a bookie that a writer's or a recovery's ensemble change replaces; copies
 of a repair given up before its new bookie was committed. They are counted apart, in entries
 and estimated bytes, and raise no alert; the garbage collection trims them.
+
+A deleted ledger is judged on none of this: a DELETED one keeps its data on purpose (it may
+be undeleted), and a tombstoned one only on whether its bookies dropped its data in time
+(`deletion_stuck`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from tally.core.availability import (
     EntryAvailability,
 )
+from tally.core.deletion import Tombstone
 from tally.core.durability import DurabilityCategory, LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
@@ -54,6 +59,8 @@ class Category(enum.Enum):
     UNRESPONSIVE_REGISTERED_BOOKIE = "unresponsive_registered_bookie"
     POTENTIALLY_FAULTY = "potentially_faulty"
     ORPHAN_DATA = "orphan_data"
+    DELETION_STUCK = "deletion_stuck"
+    """A bookie still holds data of a ledger tombstoned longer than deletion_stuck_after ago."""
     INVALID_METADATA = "invalid_metadata"
     """The Spark job's: a snapshot's rows that make no valid ledger, which is not judged."""
     OVER_REPLICATED = "over_replicated"
@@ -282,6 +289,58 @@ def estimated_bytes(metadata: LedgerMetadata, entries: int) -> int:
     their sizes. Payload bytes, without the header and digest each copy also stores."""
     count = metadata.last_entry_id + 1
     return entries * metadata.length // count if count > 0 else 0
+
+
+def deletion_stuck(
+    tombstone: Tombstone,
+    held: Mapping[str, EntryAvailability],
+    *,
+    now_ms: int,
+    stuck_after: int,
+) -> list[Violation]:
+    """The deletion_stuck rows of a tombstoned ledger, by bookie: one per bookie of `held`
+    (what the bookies that answered hold of the ledger) that holds any of it once the
+    tombstone is `stuck_after` seconds old (the cluster's `deletion_stuck_after`).
+
+    Every bookie drops a tombstoned ledger's data at its next garbage collection, named by
+    the tombstone or not (`garbage_collection.on_tombstone`); one that still holds it that
+    long after has a collection that does not run or fails. Before then the data is on its
+    way out: neither stuck nor orphan, no row. The Spark job and the confirmation both call
+    this; the auditor's deletion check counts the tombstones still waiting for an
+    acknowledgement instead (`Tombstone.stuck`), since it asks no bookie.
+    """
+    if not tombstone.overdue(now_ms, stuck_after):
+        return []
+    deletion = tombstone.deletion
+    found = []
+    for bookie in sorted(held):
+        entries = held[bookie]
+        if not entries:
+            continue
+        found.append(
+            Violation(
+                Category.DELETION_STUCK,
+                None,
+                bookie,
+                len(entries),
+                f"bookie {bookie} still holds {len(entries)} entries ({_entries(entries)}) of "
+                f"the ledger deleted at {deletion.time_ms} ms ({deletion.reason}) and "
+                f"tombstoned {now_ms - tombstone.tombstoned_ms} ms ago, longer than "
+                f"deletion_stuck_after ({stuck_after} s); {_acknowledgement(tombstone, bookie)}"
+                f": its garbage collection has not dropped them (`tally shell gcstatus "
+                f"--bookie {bookie}`)",
+            )
+        )
+    return found
+
+
+def _acknowledgement(tombstone: Tombstone, bookie: str) -> str:
+    if bookie not in tombstone.bookies:
+        return "the tombstone does not name it (a copy the delete path did not know of)"
+    acknowledged = tombstone.bookies[bookie]
+    if acknowledged is None:
+        return "the tombstone names it and waits for its acknowledgement"
+    return f"it acknowledged the tombstone at {acknowledged} ms, yet holds them"
 
 
 def potentially_faulty(

@@ -1,12 +1,17 @@
 """The audit's one Python pass, the `mapInArrow` function: a partition's sorted rows in,
 each ledger judged once, findings out. It runs in Spark's Python workers and needs nothing
 of Spark: healthy ledgers are recognised for a whole batch at once (`clean_ledgers`), and
-only the others are decoded and given to `audit_ledger`, the check the online auditor runs."""
+only the others are decoded and given to `audit_ledger`, the check the online auditor runs.
+
+A ledger with a tombstone is deleted: whatever other rows it has, only the data its bookies
+still hold is judged, by `deletion_stuck`. A ledger with neither metadata nor tombstone is
+orphan data; a DELETED one, which keeps its data on purpose, is judged on nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,7 @@ from tally.audit.checks.ledger_rows import (
     ledger_name,
     orphan,
     standin_metadata,
+    tombstone_of,
 )
 from tally.core.availability import EntryAvailability
 from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
@@ -29,13 +35,16 @@ from tally.core.errors import BadRequest, MalformedData
 from tally.core.ledger_audit import (
     Violation,
     audit_ledger,
+    deletion_stuck,
     potentially_faulty,
 )
 from tally.core.ledger_metadata import Segment
 from tally.core.placement import DEFAULT_RACK, racks_in_cluster
 
-PART_LEDGER, PART_AVAILABILITY = -1, 2**31 - 1
-"""`part` of a ledger row and of an availability row; a segment row's is its index."""
+PART_TOMBSTONE, PART_LEDGER, PART_AVAILABILITY = -2, -1, 2**31 - 1
+"""`part` of a tombstone row, a ledger row and an availability row; a segment row's is its
+index. A ledger's tombstone row comes first, so that it wins over a ledger row of the same
+ledger (one tombstoned while the snapshot walked the store)."""
 
 FINDINGS_SCHEMA = schema.VIOLATIONS_SCHEMA.append(pa.field("byte_count", pa.int64()))
 """What the pass yields: violation rows and over_replicated rows, split when written."""
@@ -96,12 +105,20 @@ class LedgerAuditor:
     """
 
     def __init__(
-        self, cluster: BookiesView, *, grace_period_ms: int, min_racks: int, now_ms: int
+        self,
+        cluster: BookiesView,
+        *,
+        grace_period_ms: int,
+        min_racks: int,
+        now_ms: int,
+        stuck_after: int,
     ) -> None:
         self.cluster = cluster
         self.grace_period_ms = grace_period_ms
         self.min_racks = min_racks
         self.now_ms = now_ms
+        self.stuck_after = stuck_after
+        """The cluster's deletion_stuck_after, in seconds."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: pa.Table | None = None
@@ -122,7 +139,10 @@ class LedgerAuditor:
         starts = _ledger_starts(table)
         ledger_of_row = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
         first_rows = starts[:-1]
-        known = table.column("part").to_numpy()[first_rows] == PART_LEDGER
+        part = table.column("part").to_numpy()
+        known = part[first_rows] == PART_LEDGER
+        tombstoned = part[first_rows] == PART_TOMBSTONE
+        held = part[starts[1:] - 1] == PART_AVAILABILITY  # availability rows come last
         last = table.column("last_entry_id").fill_null(-1).to_numpy()[first_rows]
         marked = table.column("underreplicated_since_ms").is_valid().to_numpy()[first_rows]
         audited = known & (last >= 0)
@@ -136,7 +156,7 @@ class LedgerAuditor:
         members = np.repeat(columns.segment_ledger, np.diff(columns.ensemble_offsets))
         silent[quick[members[~columns.responded[columns.ensemble_bookies]]]] = True
         silent &= clean
-        closer = (audited & ~clean) | ~known | silent
+        closer = (audited & ~clean) | (~known & ~tombstoned) | (tombstoned & held) | silent
         rows = np.flatnonzero(closer[ledger_of_row])
         found = _Rows()
         if rows.size:
@@ -148,6 +168,8 @@ class LedgerAuditor:
                     self._silent(found, values, begin, end)
                 elif known[ledger]:
                     self._ledger(found, values, begin, end)
+                elif tombstoned[ledger]:
+                    self._tombstoned(found, values, begin, end)
                 else:
                     self._orphans(found, values, begin, end)
         return found.batch()
@@ -213,6 +235,32 @@ class LedgerAuditor:
                 found.add(scope, ledger_id, orphan(bookie, None, f"data of {name} ({exc})"))
                 continue
             found.add(scope, ledger_id, orphan(bookie, held, f"{held} entries of {name}"))
+
+    def _tombstoned(
+        self, found: _Rows, values: Mapping[str, list[Any]], begin: int, end: int
+    ) -> None:
+        """A tombstoned ledger's data still on bookies that responded: deletion_stuck rows once
+        the tombstone is old enough. A report that does not decode tells nothing."""
+        scope, ledger_id = values["scope"][begin], values["ledger_id"][begin]
+        try:
+            tombstone = tombstone_of(json.loads(values["tombstone"][begin]))
+        except BadRequest as exc:
+            found.add(scope, ledger_id, invalid_metadata(scope, ledger_id, exc, "tombstone"))
+            return
+        held: dict[str, EntryAvailability] = {}
+        for row in range(begin + 1, end):
+            bookie = values["bookie_id"][row]
+            if values["part"][row] != PART_AVAILABILITY or bookie not in self.cluster.responded:
+                continue
+            try:
+                report = EntryAvailability.from_bytes(values["availability"][row])
+            except MalformedData:
+                continue
+            held[bookie] = held.get(bookie, EntryAvailability.empty()).union(report)
+        for violation in deletion_stuck(
+            tombstone, held, now_ms=self.now_ms, stuck_after=self.stuck_after
+        ):
+            found.add(scope, ledger_id, violation)
 
     def _silent(self, found: _Rows, values: Mapping[str, list[Any]], begin: int, end: int) -> None:
         """A clean ledger but for bookies that did not respond: their rows, as audit_ledger

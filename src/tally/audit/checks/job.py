@@ -19,11 +19,14 @@ from tally.audit.checks.auditor import (
     FINDINGS_SCHEMA,
     PART_AVAILABILITY,
     PART_LEDGER,
+    PART_TOMBSTONE,
     BookiesView,
     LedgerAuditor,
 )
+from tally.audit.checks.ledger_rows import TOMBSTONE_FIELDS
 from tally.audit.checks.results import category_counts, over_replication_totals, write_findings
 from tally.audit.report import write_report
+from tally.core.deletion import ClusterSettings
 from tally.core.errors import BadRequest
 from tally.core.ledger_metadata import LedgerState
 
@@ -44,11 +47,13 @@ def run_audit(
     """Audit the snapshot in `snapshot` into `out` (violations/, over_replicated/,
     summary.json, report.html).
 
-    `now_ms` is when under-replication marks are measured from: by default when the snapshot
-    was taken (snapshot.json's created_ms), since that is when the marks were read; the
-    clock if the snapshot does not say. A ledger marked for longer than `grace_period_ms` is
-    reported (`marked_too_long`; 0: never, as in the online check). Returns the summary it
-    writes.
+    `now_ms` is when under-replication marks and tombstones are measured from: by default
+    when the snapshot was taken (snapshot.json's created_ms), since that is when they were
+    read; the clock if the snapshot does not say. A ledger marked for longer than
+    `grace_period_ms` is reported (`marked_too_long`; 0: never, as in the online check), and
+    data still held of a ledger tombstoned longer than the cluster's deletion_stuck_after ago
+    (as snapshot.json records it; the default if it does not) is deletion_stuck. Returns the
+    summary it writes.
     """
     if grace_period_ms < 0:
         raise BadRequest(f"grace period {grace_period_ms} ms is negative")
@@ -56,6 +61,7 @@ def run_audit(
         raise BadRequest(f"min racks must be at least 1, got {min_racks}")
     schema.require_snapshot(snapshot)
     now = _snapshot_time(snapshot) if now_ms is None else now_ms
+    stuck_after = _deletion_stuck_after(snapshot)
     timings: dict[str, float] = {}
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -69,7 +75,11 @@ def run_audit(
 
     mark = time.perf_counter()
     auditor = LedgerAuditor(
-        cluster, grace_period_ms=grace_period_ms, min_racks=min_racks, now_ms=now
+        cluster,
+        grace_period_ms=grace_period_ms,
+        min_racks=min_racks,
+        now_ms=now,
+        stuck_after=stuck_after,
     )
     stream = combined_stream(spark, snapshot)
     found = stream.mapInArrow(auditor, from_arrow_schema(FINDINGS_SCHEMA))
@@ -92,6 +102,7 @@ def run_audit(
             "grace_period_ms": grace_period_ms,
             "min_racks": min_racks,
             "now_ms": now,
+            "deletion_stuck_after": stuck_after,
             "cluster_racks": cluster.cluster_racks,
         },
     }
@@ -110,6 +121,17 @@ def _snapshot_time(snapshot: Path) -> int:
     return int(created)
 
 
+def _deletion_stuck_after(snapshot: Path) -> int:
+    """The cluster's deletion_stuck_after (seconds) as snapshot.json records it, else the
+    default; BadSetting if it records one that is no setting."""
+    try:
+        recorded = json.loads((snapshot / schema.SNAPSHOT_JSON).read_text())
+        value = recorded[schema.CLUSTER_SETTINGS]["deletion_stuck_after"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ClusterSettings().deletion_stuck_after
+    return ClusterSettings(deletion_stuck_after=value).deletion_stuck_after
+
+
 def _read(spark: SparkSession, snapshot: Path, table: str) -> DataFrame:
     return spark.read.parquet(str(snapshot / table))
 
@@ -120,73 +142,78 @@ def _audited(ledgers: DataFrame) -> Column:
 
 def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     """What the audit's one Python pass reads: per ledger, a ledger row (last_entry_id -1
-    unless it is audited; its length, for the bytes of extra copies), its segment rows and
-    its availability rows, co-located and sorted.
+    unless it is audited; its length, for the bytes of extra copies), its segment rows, its
+    tombstone row (the tombstones table's row but its ledger id, as JSON text in one column,
+    `tombstone`: as a struct column, null in every other row, it makes Spark's Arrow
+    transfer of all rows to the pass far slower) and its availability rows, co-located and
+    sorted.
 
-    `part` orders a ledger's rows: the ledger row, its segments by index, then the
-    availability rows. The sort leads with ledger_id so that Spark's sort prefix (the first
-    key) tells rows apart.
+    `part` orders a ledger's rows: the tombstone row, the ledger row, its segments by index,
+    then the availability rows. The sort leads with ledger_id so that Spark's sort prefix
+    (the first key) tells rows apart.
     """
     ledgers = _read(spark, snapshot, schema.LEDGERS)
     segments = _read(spark, snapshot, schema.SEGMENTS)
     availability = _read(spark, snapshot, schema.AVAILABILITY)
+    tombstones = _read(spark, snapshot, schema.TOMBSTONES)
+    # The stream's columns after scope, ledger_id and part, with their types.
+    columns = {
+        "ensemble_size": "int",
+        "write_quorum": "int",
+        "ack_quorum": "int",
+        "last_entry_id": "long",
+        "length": "long",
+        "underreplicated_since_ms": "long",
+        "first_entry_id": "long",
+        "ensemble": "array<string>",
+        "bookie_id": "string",
+        "availability": "binary",
+        "tombstone": "string",
+    }
 
-    def none(kind: str, name: str) -> Column:
-        return F.lit(None).cast(kind).alias(name)
+    def stream_rows(frame: DataFrame, part: Column, *kept: str, **made: Column) -> DataFrame:
+        """`frame` as rows of the stream: its `kept` columns, the `made` ones, null in the
+        others."""
+        return frame.select(
+            "scope",
+            "ledger_id",
+            part.alias("part"),
+            *(
+                F.col(name)
+                if name in kept
+                else made[name].alias(name)
+                if name in made
+                else F.lit(None).cast(kind).alias(name)
+                for name, kind in columns.items()
+            ),
+        )
 
-    ledger_rows = ledgers.select(
-        "scope",
-        "ledger_id",
-        F.lit(PART_LEDGER).alias("part"),
+    ledger_rows = stream_rows(
+        ledgers,
+        F.lit(PART_LEDGER),
         "ensemble_size",
         "write_quorum",
         "ack_quorum",
-        F.when(_audited(ledgers), F.col("last_entry_id")).otherwise(-1).alias("last_entry_id"),
         "length",
         "underreplicated_since_ms",
-        none("long", "first_entry_id"),
-        none("array<string>", "ensemble"),
-        none("string", "bookie_id"),
-        none("binary", "availability"),
+        last_entry_id=F.when(_audited(ledgers), F.col("last_entry_id")).otherwise(-1),
     )
-    segment_rows = segments.select(
-        "scope",
-        "ledger_id",
-        F.col("segment_index").alias("part"),
-        none("int", "ensemble_size"),
-        none("int", "write_quorum"),
-        none("int", "ack_quorum"),
-        none("long", "last_entry_id"),
-        none("long", "length"),
-        none("long", "underreplicated_since_ms"),
-        "first_entry_id",
-        "ensemble",
-        none("string", "bookie_id"),
-        none("binary", "availability"),
+    segment_rows = stream_rows(segments, F.col("segment_index"), "first_entry_id", "ensemble")
+    tombstone_rows = stream_rows(
+        tombstones, F.lit(PART_TOMBSTONE), tombstone=F.to_json(F.struct(*TOMBSTONE_FIELDS))
     )
-    availability_rows = availability.select(
-        "scope",
-        "ledger_id",
-        F.lit(PART_AVAILABILITY).alias("part"),
-        none("int", "ensemble_size"),
-        none("int", "write_quorum"),
-        none("int", "ack_quorum"),
-        none("long", "last_entry_id"),
-        none("long", "length"),
-        none("long", "underreplicated_since_ms"),
-        none("long", "first_entry_id"),
-        none("array<string>", "ensemble"),
-        "bookie_id",
-        "availability",
+    availability_rows = stream_rows(
+        availability, F.lit(PART_AVAILABILITY), "bookie_id", "availability"
     )
     rows = sum(
         ds.dataset(snapshot / name, format="parquet").count_rows()
-        for name in (schema.LEDGERS, schema.SEGMENTS, schema.AVAILABILITY)
+        for name in (schema.LEDGERS, schema.SEGMENTS, schema.AVAILABILITY, schema.TOMBSTONES)
     )
     cores = spark.sparkContext.defaultParallelism
     partitions = cores * max(1, math.ceil(rows / ROWS_PER_PARTITION / cores))
     return (
         ledger_rows.unionByName(segment_rows)
+        .unionByName(tombstone_rows)
         .unionByName(availability_rows)
         .repartition(partitions, "ledger_id", "scope")
         .sortWithinPartitions("ledger_id", "scope", "part")

@@ -1,19 +1,26 @@
-"""A ledger's rows in the snapshot, made into what `audit_ledger` takes (stand-in metadata,
-decoded reports), and the findings of rows that cannot be judged, worded once for the pass."""
+"""A ledger's rows in the snapshot, made into what `audit_ledger` and `deletion_stuck` take
+(stand-in metadata, a tombstone, decoded reports), and the findings of rows that cannot be
+judged, worded once for the pass."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tally.audit import schema
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import Tombstone
 from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category, Violation
-from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState, Segment
 
 _STANDIN_MASTER_KEY = bytes(MASTER_KEY_SIZE)
+TOMBSTONE_FIELDS = tuple(
+    name for name in schema.TOMBSTONES_SCHEMA.names if name not in ("scope", "ledger_id")
+)
+"""A TOMBSTONES row's columns but its ledger id: what a tombstone row of the stream carries."""
 
 
 def standin_metadata(
@@ -42,15 +49,38 @@ def standin_metadata(
     )
 
 
-def invalid_metadata(scope: int, ledger_id: int, error: BadRequest) -> Violation:
-    """The finding of a ledger whose snapshot rows make no valid ledger: it is not judged,
-    and the job goes on with the others."""
+def tombstone_of(row: Mapping[str, Any]) -> Tombstone:
+    """The tombstone a TOMBSTONES row (its TOMBSTONE_FIELDS) describes; BadRequest if it
+    makes none."""
+    missing = [name for name in TOMBSTONE_FIELDS if row.get(name) is None]
+    if missing:
+        raise BadRequest(f"the tombstone has no {', '.join(missing)}")
+    bookies, acknowledged = row["bookies"], row["acknowledged_ms"]
+    if len(bookies) != len(acknowledged):
+        raise BadRequest(
+            f"the tombstone names {len(bookies)} bookies but has {len(acknowledged)} "
+            "acknowledgements"
+        )
+    return Tombstone(
+        deletion=Deletion(row["deleted_ms"], row["reason"], row["violations"], row["check_detail"]),
+        tombstoned_ms=row["tombstoned_ms"],
+        last_entry_id=row["last_entry_id"],
+        length=row["length"],
+        bookies=dict(zip(bookies, acknowledged, strict=True)),
+    )
+
+
+def invalid_metadata(
+    scope: int, ledger_id: int, error: BadRequest, what: str = "ledger"
+) -> Violation:
+    """The finding of a ledger whose snapshot rows make no valid `what` (ledger, tombstone):
+    it is not judged, and the job goes on with the others."""
     return Violation(
         Category.INVALID_METADATA,
         None,
         None,
         None,
-        f"the snapshot's rows of {ledger_name(scope, ledger_id)} make no valid ledger, so it "
+        f"the snapshot's rows of {ledger_name(scope, ledger_id)} make no valid {what}, so it "
         f"is not judged: {error}",
     )
 
@@ -83,7 +113,7 @@ def orphan(bookie: str, held: int | None, what: str) -> Violation:
         None,
         bookie,
         held,
-        f"bookie {bookie} holds {what}, a ledger the metadata does not have",
+        f"bookie {bookie} holds {what}, a ledger with neither metadata nor tombstone",
     )
 
 

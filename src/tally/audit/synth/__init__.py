@@ -3,8 +3,10 @@ and benchmarks.
 
 A snapshot has the schema of `tally.audit.schema`, and `truth.json` lists every finding the
 checks must report, no more, no less, for `min_racks` = MIN_RACKS, a grace period of
-GRACE_PERIOD_MS and "now" = NOW_MS (snapshot.json's created_ms; checks take it as now):
-the violations by category, and apart from them the over-replicated ledgers.
+GRACE_PERIOD_MS, "now" = NOW_MS (snapshot.json's created_ms; checks take it as now) and the
+default cluster settings (snapshot.json's cluster_settings): the violations by category,
+and apart from them the over-replicated ledgers and the ledgers that must not be reported
+(marked within the grace period, DELETED, tombstoned but not stuck).
 
 The healthy majority is generated with numpy, a chunk of ledgers at a time, without a Python
 step per ledger: heavy-tailed sizes (most ledgers small, some of 10^7 entries), quorum mixes
@@ -19,7 +21,8 @@ keeps its ensemble position while it stays in a ledger, so what it holds is one 
 Faults are built one ledger at a time with the core's own types (`LedgerMetadata`,
 `EntryAvailability`) and each one is verified with `audit_ledger` before it is written: it
 must fall in exactly its category (an invalid_metadata ledger is a healthy one, whose first
-segment's row then starts at entry 1). Fault ledgers never touch an unresponsive bookie;
+segment's row then starts at entry 1; a deleted one is a healthy one deleted, with a
+tombstone checked by `deletion_stuck`). Fault ledgers never touch an unresponsive bookie;
 every other closed ledger that does is listed as potentially_faulty.
 
 The modules: truth.py (truth.json and the terms it holds under: now, grace period, min
@@ -33,15 +36,27 @@ from __future__ import annotations
 
 from tally.audit.synth.encodings import expected_encodings
 from tally.audit.synth.faults import DEFAULT_FAULTS, FAULT_KINDS, parse_faults
-from tally.audit.synth.truth import GRACE_PERIOD_MS, MIN_RACKS, NOW_MS, WITHIN_GRACE, ledger_key
+from tally.audit.synth.truth import (
+    DELETED_LEDGER,
+    GRACE_PERIOD_MS,
+    MIN_RACKS,
+    NOW_MS,
+    TOMBSTONE_PENDING,
+    UNREPORTED,
+    WITHIN_GRACE,
+    ledger_key,
+)
 from tally.audit.synth.write import synthesize
 
 __all__ = [
     "DEFAULT_FAULTS",
+    "DELETED_LEDGER",
     "FAULT_KINDS",
     "GRACE_PERIOD_MS",
     "MIN_RACKS",
     "NOW_MS",
+    "TOMBSTONE_PENDING",
+    "UNREPORTED",
     "WITHIN_GRACE",
     "expected_encodings",
     "ledger_key",

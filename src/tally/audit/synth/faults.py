@@ -1,11 +1,14 @@
 """Fault ledgers, one at a time: each fault kind takes copies away, leaves extra ones, moves
-a write set or marks the ledger, and each ledger is checked with `audit_ledger` to fall in
-exactly its category before it is written, so truth.json cannot claim what the checks would
-not find.
+a write set, marks the ledger or deletes it, and each ledger is checked with `audit_ledger`
+(a tombstoned one with `deletion_stuck`) to fall in exactly its category before it is
+written, so truth.json cannot claim what the checks would not find.
 
-Faults are built with the core's own types (`LedgerMetadata`, `EntryAvailability`). An
-invalid_metadata ledger is a healthy one whose first segment's row is then written starting
-at entry 1. Fault ledgers never touch an unresponsive bookie.
+Faults are built with the core's own types (`LedgerMetadata`, `EntryAvailability`,
+`Tombstone`). An invalid_metadata ledger is a healthy one whose first segment's row is then
+written starting at entry 1. A deleted_ledger is a healthy one moved to DELETED, its data
+kept; a deletion_stuck or tombstone_pending one is a healthy one replaced by its tombstone,
+with some of its bookies still holding their copies. Fault ledgers never touch an
+unresponsive bookie.
 """
 
 from __future__ import annotations
@@ -15,12 +18,23 @@ import random
 from dataclasses import dataclass
 
 from tally.audit.synth.cluster import Cluster, Mix
-from tally.audit.synth.truth import GRACE_PERIOD_MS, MAX_AGE_MS, MIN_RACKS, NOW_MS, WITHIN_GRACE
+from tally.audit.synth.truth import (
+    DELETED_LEDGER,
+    GRACE_PERIOD_MS,
+    MAX_AGE_MS,
+    MIN_RACKS,
+    NOW_MS,
+    SETTINGS,
+    TOMBSTONE_PENDING,
+    UNREPORTED,
+    WITHIN_GRACE,
+)
 from tally.core.availability import EntryAvailability
+from tally.core.deletion import Tombstone
 from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest
-from tally.core.ledger_audit import Category, audit_ledger
-from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_audit import Category, audit_ledger, deletion_stuck
+from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState, Segment
 from tally.core.schedule import expected_entries
 
 LEDGER_FAULTS = (
@@ -33,7 +47,12 @@ LEDGER_FAULTS = (
     Category.PLACEMENT_SOFT.value,
     Category.OVER_REPLICATED.value,
     Category.INVALID_METADATA.value,
+    Category.DELETION_STUCK.value,
+    DELETED_LEDGER,
+    TOMBSTONE_PENDING,
 )
+DELETIONS = (Category.DELETION_STUCK.value, DELETED_LEDGER, TOMBSTONE_PENDING)
+"""The fault kinds of deleted ledgers: built healthy, then deleted (`Injector._delete`)."""
 FAULT_KINDS = (
     *LEDGER_FAULTS,
     Category.ORPHAN_DATA.value,
@@ -42,7 +61,8 @@ FAULT_KINDS = (
 DEFAULT_FAULTS = (
     "no_replica=3,below_ack_quorum=3,below_write_quorum=3,underreplicated_too_long=2,"
     f"{WITHIN_GRACE}=2,placement_fail=2,placement_soft=2,unresponsive_registered_bookie=1,"
-    "orphan_data=2,over_replicated=2,invalid_metadata=1"
+    "orphan_data=2,over_replicated=2,invalid_metadata=1,deletion_stuck=2,"
+    f"{DELETED_LEDGER}=2,{TOMBSTONE_PENDING}=2"
 )
 FAULT_ATTEMPTS = 50
 
@@ -81,6 +101,8 @@ class FaultLedger:
     underreplicated_since_ms: int | None = None
     invalid: bool = False
     """Its rows are written broken (the first segment starting at entry 1): no valid ledger."""
+    tombstone: Tombstone | None = None
+    """Its metadata is gone, replaced by this tombstone: only the tombstone row is written."""
 
 
 class Injector:
@@ -114,9 +136,11 @@ class Injector:
 
     def build(self, kind: str, index: int) -> FaultLedger:
         eligible = self.eligible(kind)
-        expected = set() if kind in (WITHIN_GRACE, Category.INVALID_METADATA.value) else {kind}
+        expected = set() if kind in (*UNREPORTED, Category.INVALID_METADATA.value) else {kind}
         for _ in range(FAULT_ATTEMPTS):
             ledger = self._attempt(kind, index, self.rng.choice(eligible))
+            if ledger is not None and kind in DELETIONS:
+                ledger = self._delete(kind, ledger)
             if ledger is not None and self.categories(ledger) == expected:
                 if kind == Category.INVALID_METADATA.value:
                     return dataclasses.replace(ledger, invalid=True)
@@ -127,6 +151,16 @@ class Injector:
         )
 
     def categories(self, ledger: FaultLedger) -> set[str]:
+        if ledger.tombstone is not None:
+            found = deletion_stuck(
+                ledger.tombstone,
+                ledger.held,
+                now_ms=NOW_MS,
+                stuck_after=SETTINGS.deletion_stuck_after,
+            )
+            return {violation.category.value for violation in found}
+        if ledger.metadata.state is LedgerState.DELETED:
+            return set()  # its data is kept on purpose, and it is not judged
         available = {
             b: ledger.held.get(b, EntryAvailability.empty()) for b in ledger.metadata.bookies()
         }
@@ -184,6 +218,45 @@ class Injector:
         scope = rng.getrandbits(64) | 1 << 63 if scoped else 0
         ledger_id = rng.getrandbits(64) if scoped else 2 * index
         return FaultLedger(scope, ledger_id, metadata, {b: h for b, h in held.items() if h}, since)
+
+    def _delete(self, kind: str, ledger: FaultLedger) -> FaultLedger:
+        """The healthy `ledger` deleted: DELETED with its data (deleted_ledger), or replaced
+        by its tombstone with one or two of its bookies still holding their copies and the
+        others acknowledged: written longer than deletion_stuck_after ago (deletion_stuck),
+        or more recently (tombstone_pending; or, half the time, long ago with every bookie
+        acknowledged and nothing held)."""
+        rng = self.rng
+        stuck_ms = SETTINGS.deletion_stuck_after * 1000
+        stuck = kind == Category.DELETION_STUCK.value
+        gone = kind == TOMBSTONE_PENDING and rng.random() < 0.5
+        age = (
+            stuck_ms + rng.randrange(60_000, 3 * 86_400_000)
+            if stuck or gone
+            else rng.randrange(1_000, stuck_ms - 60_000)
+        )
+        tombstoned_ms = NOW_MS - age
+        deletion = Deletion(
+            tombstoned_ms - SETTINGS.ledger_delete_retention * 1000,
+            "trimmed by the synthetic broker",
+            0,
+            "every entry on WQ bookies",
+        )
+        metadata = ledger.metadata.deleted(deletion)
+        if kind == DELETED_LEDGER:
+            return dataclasses.replace(ledger, metadata=metadata)
+        tombstone = Tombstone.of(metadata, tombstoned_ms)
+        holders = [] if gone else rng.sample(sorted(ledger.held), rng.randint(1, 2))
+        for bookie in tombstone.bookies:
+            if bookie not in holders:
+                tombstone = tombstone.acknowledged(
+                    bookie, tombstoned_ms + rng.randrange(1, 600_000)
+                )
+        return dataclasses.replace(
+            ledger,
+            metadata=metadata,
+            held={bookie: ledger.held[bookie] for bookie in holders},
+            tombstone=tombstone,
+        )
 
     def _ensembles(self, mix: Mix, segments: int) -> list[list[int]] | None:
         """A strict first ensemble of responsive bookies; each change replaces one position

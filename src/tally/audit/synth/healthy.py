@@ -219,6 +219,8 @@ def _ledger_table(rng: np.random.Generator, shape: _Shape) -> pa.Table:
                 [name for name, _ in DIGESTS],
             ),
             "underreplicated_since_ms": pa.nulls(int(keep.sum()), pa.int64()),
+            "archived": np.zeros(int(keep.sum()), np.bool_),
+            "deleted_ms": pa.nulls(int(keep.sum()), pa.int64()),
         },
         schema=schema.LEDGERS_SCHEMA,
     )

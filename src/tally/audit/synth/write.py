@@ -1,5 +1,6 @@
 """Writing a synthetic snapshot: healthy chunks with the fault ledgers among them, in ledger
-order, into the snapshot's Parquet datasets, then the bookies, truth.json and snapshot.json."""
+order, into the snapshot's Parquet datasets (a tombstoned fault ledger as a tombstone row),
+then the bookies, truth.json and snapshot.json."""
 
 from __future__ import annotations
 
@@ -11,13 +12,28 @@ import numpy as np
 import pyarrow as pa
 
 from tally.audit import schema
-from tally.audit.snapshot import DatasetWriter, Progress, prepare_output, write_json
+from tally.audit.snapshot import (
+    DatasetWriter,
+    Progress,
+    add_tombstone_row,
+    empty_rows,
+    prepare_output,
+    write_json,
+)
 from tally.audit.synth.cluster import Cluster
 from tally.audit.synth.faults import LEDGER_FAULTS, FaultLedger, Injector, parse_faults
 from tally.audit.synth.healthy import Patterns, healthy_chunk
-from tally.audit.synth.truth import MIN_RACKS, NOW_MS, WITHIN_GRACE, ledger_key, write_truth
+from tally.audit.synth.truth import (
+    MIN_RACKS,
+    NOW_MS,
+    SETTINGS,
+    UNREPORTED,
+    ledger_key,
+    write_truth,
+)
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest
+from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category
 from tally.version import __version__
 
@@ -63,10 +79,11 @@ def synthesize(
             (schema.LEDGERS, schema.LEDGERS_SCHEMA),
             (schema.SEGMENTS, schema.SEGMENTS_SCHEMA),
             (schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA),
+            (schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA),
         )
     }
     truth: dict[str, list[str]] = {category.value: [] for category in Category}
-    within_grace: list[str] = []
+    unreported: dict[str, list[str]] = {key: [] for key in UNREPORTED}
     report = progress or (lambda stage, done, total: None)
     for start in range(0, ledgers, CHUNK_LEDGERS):
         if start and start % PART_LEDGERS == 0:
@@ -82,11 +99,12 @@ def synthesize(
             schema.LEDGERS: [chunk.ledgers],
             schema.SEGMENTS: [chunk.segments],
             schema.AVAILABILITY: [chunk.availability],
+            schema.TOMBSTONES: [schema.TOMBSTONES_SCHEMA.empty_table()],
         }
         for i, kind in sorted(here.items()):
             ledger = injector.build(kind, i)
             key = ledger_key(schema.to_int64(ledger.scope), schema.to_int64(ledger.ledger_id))
-            (within_grace if kind == WITHIN_GRACE else truth[kind]).append(key)
+            (unreported[kind] if kind in unreported else truth[kind]).append(key)
             for name, rows in zip(tables, _rows(ledger), strict=True):
                 tables[name].append(pa.Table.from_pydict(rows, schema=writers[name].schema))
         for name, parts in tables.items():
@@ -115,15 +133,17 @@ def synthesize(
         "min_racks": MIN_RACKS,
         "cluster_racks": racks,
     }
-    write_truth(out, truth, within_grace, params)
+    write_truth(out, truth, unreported, params)
     summary = {
         "format_version": schema.FORMAT_VERSION,
         "created_ms": NOW_MS,
         "cluster": {"metadata": "synthetic", "instance_id": f"synthetic-seed-{seed}"},
         "tool": {"name": "tally", "version": __version__},
+        schema.CLUSTER_SETTINGS: SETTINGS.to_dict(),
         "counts": {
             "ledgers": writers[schema.LEDGERS].rows,
             "segments": writers[schema.SEGMENTS].rows,
+            "tombstones": writers[schema.TOMBSTONES].rows,
             "bookies": bookies,
             "bookies_responded": bookies - len(cluster.unresponsive),
             "availability": writers[schema.AVAILABILITY].rows,
@@ -136,10 +156,21 @@ def synthesize(
 
 def _rows(
     ledger: FaultLedger,
-) -> tuple[dict[str, list[Any]], dict[str, list[Any]], dict[str, list[Any]]]:
-    """The ledger's rows of ledgers/, segments/ and availability/."""
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]], dict[str, list[Any]], dict[str, list[Any]]]:
+    """The ledger's rows of ledgers/, segments/, availability/ and tombstones/: a tombstoned
+    ledger has no metadata left, only its tombstone."""
     metadata = ledger.metadata
     scope, ledger_id = schema.to_int64(ledger.scope), schema.to_int64(ledger.ledger_id)
+    held = _availability_rows(scope, ledger_id, ledger.held)
+    if ledger.tombstone is not None:
+        tombstones = empty_rows(schema.TOMBSTONES_SCHEMA)
+        add_tombstone_row(tombstones, LedgerId(ledger.scope, ledger.ledger_id), ledger.tombstone)
+        return (
+            empty_rows(schema.LEDGERS_SCHEMA),
+            empty_rows(schema.SEGMENTS_SCHEMA),
+            held,
+            tombstones,
+        )
     ledgers: dict[str, list[Any]] = {
         "scope": [scope],
         "ledger_id": [ledger_id],
@@ -152,6 +183,8 @@ def _rows(
         "ctime_ms": [metadata.ctime_ms],
         "digest_type": [metadata.digest_type.name],
         "underreplicated_since_ms": [ledger.underreplicated_since_ms],
+        "archived": [metadata.archived],
+        "deleted_ms": [None if metadata.deletion is None else metadata.deletion.time_ms],
     }
     bounds = metadata.segment_bounds()
     firsts = [first for first, _ in bounds]
@@ -165,7 +198,7 @@ def _rows(
         "last_entry_id": [last for _, last in bounds],
         "ensemble": [list(segment.ensemble) for segment in metadata.segments],
     }
-    return ledgers, segments, _availability_rows(scope, ledger_id, ledger.held)
+    return ledgers, segments, held, empty_rows(schema.TOMBSTONES_SCHEMA)
 
 
 def _availability_rows(
