@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tally.core.digest import DigestType
 from tally.core.errors import BadRequest
-from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState, Segment
 from tally.core.lost_bookies import (
     LostBookies,
     LostBookieState,
@@ -283,3 +283,8 @@ def test_a_closed_ledger_does_not_need_its_empty_trailing_segment() -> None:
     assert bookies_holding_entries(_ledger(LedgerState.CLOSED, [(0, (A, B))], -1)) == set()
     full = _ledger(LedgerState.CLOSED, [(0, (A, B)), (5, (A, C))], 5)
     assert bookies_holding_entries(full) == {A, B, C}
+
+
+def test_a_deleted_ledger_needs_no_bookie() -> None:
+    deleted = _ledger(LedgerState.CLOSED, [(0, (A, B))], 9).deleted(Deletion(1, "trimmed"))
+    assert bookies_holding_entries(deleted) == set()

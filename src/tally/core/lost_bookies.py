@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from tally.core.errors import BadRequest
-from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 
 
 class LostBookieState(enum.Enum):
@@ -213,7 +213,10 @@ class LostBookies:
 def bookies_holding_entries(metadata: LedgerMetadata) -> frozenset[str]:
     """The bookies of the segments that hold or may still receive entries: every segment of
     an open ledger, and of a closed one all but an empty trailing segment (nothing
-    acknowledged there, so a bookie lost from it costs no copy)."""
+    acknowledged there, so a bookie lost from it costs no copy). None of a DELETED ledger:
+    it is not repaired, so losing its copies marks nothing."""
+    if metadata.state is LedgerState.DELETED:
+        return frozenset()
     return frozenset(
         bookie
         for segment, first, last in metadata.segments_with_bounds()
