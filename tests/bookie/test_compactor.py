@@ -19,15 +19,18 @@ from pathlib import Path
 
 import pytest
 import rocksdict
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tally.bookie import compactor
 from tally.bookie.compactor import GcSettings, usage_of
-from tally.bookie.journal import Journal
+from tally.bookie.journal import Journal, JournalStats
 from tally.bookie.journal_entries import JournalEntries, JournalLocation, kept_location
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.journal_records import entry_record_head
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.metrics import BookieMetrics
 from tally.core.compaction import CompactionKind, CompactionPolicy, DiskSpace, FileKind
 from tally.core.digest import crc32c
 from tally.core.errors import NoSuchEntry, NoSuchLedger, WriteFailed
@@ -403,6 +406,38 @@ def test_compaction_is_rate_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert sum(waits) == pytest.approx((report.moved_bytes - 2000) / 20_000)
     check_all(storage, model)
     storage.close()
+
+
+def test_the_metrics_show_what_garbage_collection_did(storage: LedgerStorage) -> None:
+    model = fill(storage, LEDGERS, 40)
+    dead = fill(storage, [LedgerId(5, 5)], 300, rounds=1)
+    delete(storage, model, LEDGERS[2:])
+    delete(storage, dead, [LedgerId(5, 5)])
+    report = storage.collect_garbage(time.time(), force_major=True)
+    assert report.deleted_entry_logs
+    assert report.compacted_entry_logs
+    metrics = BookieMetrics()
+    metrics.watch(JournalStats, storage.stats, storage.directory / "index")
+    text = generate_latest(metrics.registry).decode()
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples["bookie_gc_runs_total", ()] == 1
+    assert samples["bookie_gc_deleted_entry_logs_total", ()] == len(report.deleted_entry_logs)
+    compacted = ("bookie_gc_compacted_entry_logs_total", (("type", "major"),))
+    assert samples[compacted] == len(report.compacted_entry_logs)
+    reclaimed = sum(
+        value for (name, _), value in samples.items() if name == "bookie_gc_reclaimed_bytes_total"
+    )
+    assert reclaimed == report.reclaimed_bytes
+    assert samples["bookie_gc_moved_bytes_total", ()] == report.moved_bytes
+    assert samples["bookie_gc_compaction_bytes_per_second", ()] > 0
+    every = ("bookie_gc_live_fraction_bucket", (("kind", "entry_log"), ("le", "+Inf")))
+    assert samples[every] == len(report.files)
+    sparse = ("bookie_gc_live_fraction_bucket", (("kind", "entry_log"), ("le", "0.2")))
+    assert 0 < samples[sparse] <= len(report.files)
 
 
 # -- races ----------------------------------------------------------------------------------
