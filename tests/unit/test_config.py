@@ -153,7 +153,7 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
         ("TALLY_BOOKIE_MINOR_COMPACTION_THRESHOLD", "0.9", "minor_compaction_threshold"),
         ("TALLY_BOOKIE_MAJOR_COMPACTION_THRESHOLD", "1.0", "minor_compaction_threshold"),
         ("TALLY_BOOKIE_COMPACTION_RATE_BYTES", "-1", "compaction_rate_bytes .*not be negative"),
-        ("TALLY_BOOKIE_DISK_USAGE_WARN_THRESHOLD", "0.97", "disk_usage_warn_threshold"),
+        ("TALLY_BOOKIE_DISK_USAGE_WARN_THRESHOLD", "1.5", "disk_usage_warn_threshold"),
     ],
 )
 def test_the_bookie_config_refuses_what_cannot_work(
@@ -183,3 +183,12 @@ def test_the_bookie_config_gives_garbage_collection_its_settings() -> None:
     assert settings.policy.force_when_no_space
     assert settings.rate_bytes == 1_000_000
     assert settings.major_max_time == 600.0
+    lowered = load(
+        BookieConfig,
+        "bookie",
+        env={
+            "TALLY_BOOKIE_DISK_USAGE_THRESHOLD": "0.5",
+            "TALLY_BOOKIE_DISK_USAGE_LWM_THRESHOLD": "0.4",
+        },
+    )
+    assert lowered.gc_settings.policy.warn_usage == 0.5, "never above the disk-full threshold"

@@ -74,7 +74,8 @@ class BookieConfig:
     """Seconds between two looks at the disks' usage."""
     disk_usage_warn_threshold: float = 0.90
     """Fraction of the ledger disk used from which major compaction stops
-    (diskUsageWarnThreshold); minor compaction stops at disk_usage_threshold."""
+    (diskUsageWarnThreshold; disk_usage_threshold if that is lower); minor compaction stops
+    at disk_usage_threshold."""
     is_force_gc_allow_when_no_space: bool = False
     """Compact even above those thresholds (isForceGCAllowWhenNoSpace): copying the few live
     entries of sparse files is then how the bookie gets space back."""
@@ -129,9 +130,9 @@ class BookieConfig:
             f"needs 0 < it <= disk_usage_threshold ({self.disk_usage_threshold}) <= 1",
         )
         check(
-            0 < self.disk_usage_warn_threshold <= self.disk_usage_threshold,
+            0 < self.disk_usage_warn_threshold <= 1,
             "disk_usage_warn_threshold",
-            f"needs 0 < it <= disk_usage_threshold ({self.disk_usage_threshold})",
+            "needs 0 < it <= 1",
         )
         check(
             0 <= self.minor_compaction_threshold <= self.major_compaction_threshold < 1,
@@ -163,7 +164,7 @@ class BookieConfig:
                 minor_interval=self.minor_compaction_interval,
                 major_threshold=self.major_compaction_threshold,
                 major_interval=self.major_compaction_interval,
-                warn_usage=self.disk_usage_warn_threshold,
+                warn_usage=min(self.disk_usage_warn_threshold, self.disk_usage_threshold),
                 full_usage=self.disk_usage_threshold,
                 force_when_no_space=self.is_force_gc_allow_when_no_space,
             ),
