@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tally.bookie.entry_log import Location
 from tally.bookie.index import Index, LedgerData
 from tally.bookie.journal_entries import JournalLocation
+from tally.core.compaction import CompactionTimes, FileKind
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
 
@@ -154,7 +155,7 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     raw = rocksdict.Rdict(
         str(path),
         rocksdict.Options(raw_mode=True),
-        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta")},
+        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage")},
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"
@@ -273,3 +274,91 @@ def test_the_index_agrees_with_a_model(
         for entry_id in entry_ids:
             assert index.location(ledger_id, entry_id) == location_of(ledger_id, entry_id)
     index.close()
+
+
+def test_usage_counts_by_file_and_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "index"
+    index = Index(path)
+    assert index.unaccounted_files() is None
+    assert index.compaction_times() is None
+    log, journal = FileKind.ENTRY_LOG, FileKind.JOURNAL
+    high = LedgerId(UINT64_MAX, UINT64_MAX)
+    batch = index.batch()
+    batch.put_usage(log, 3, LedgerId(0, 1), 100)
+    batch.put_usage(log, 3, high, 7)
+    batch.put_usage(log, 2**32 - 1, LedgerId(0, 1), 5)
+    batch.put_usage(journal, 3, LedgerId(0, 1), 40)
+    batch.put_unaccounted_files({(journal, 9), (log, 2)})
+    batch.put_compaction_times(CompactionTimes(1.5, 2.5))
+    index.write(batch)
+    batch = index.batch()
+    index.add_usage(
+        batch,
+        {
+            (log, 3, LedgerId(0, 1)): -30,
+            (log, 3, high): -10,  # never below 0
+            (log, 4, LedgerId(0, 1)): -5,  # a decrement makes no count
+            (log, 5, LedgerId(0, 2)): 8,
+        },
+    )
+    index.write(batch)
+    assert list(index.usages()) == [
+        (log, 3, LedgerId(0, 1), 70),
+        (log, 3, high, 0),
+        (log, 5, LedgerId(0, 2), 8),
+        (log, 2**32 - 1, LedgerId(0, 1), 5),
+        (journal, 3, LedgerId(0, 1), 40),
+    ]
+    assert index.usage(log, 4, LedgerId(0, 1)) is None
+    batch = index.batch()
+    batch.delete_file_usage(log, 3)
+    batch.delete_usage(journal, 3, LedgerId(0, 1))
+    index.write(batch)
+    index.sync()
+    index.close()
+    index = Index(path)
+    assert list(index.usages()) == [
+        (log, 5, LedgerId(0, 2), 8),
+        (log, 2**32 - 1, LedgerId(0, 1), 5),
+    ]
+    assert index.unaccounted_files() == {(journal, 9), (log, 2)}
+    assert index.compaction_times() == CompactionTimes(1.5, 2.5)
+    index.close()
+
+
+def test_locations_of_a_ledger_and_of_the_whole_index(index: Index) -> None:
+    entries = {LedgerId(0, 1): [0, 5, 9], LedgerId(3, 1): [2], LedgerId(0, 2): [1, 2]}
+    put(index, entries)
+    assert list(index.ledger_locations(LedgerId(0, 1))) == [
+        (entry_id, location_of(LedgerId(0, 1), entry_id)) for entry_id in (0, 5, 9)
+    ]
+    assert list(index.ledger_locations(LedgerId(0, 3))) == []
+    assert list(index.all_locations()) == [
+        (ledger_id, entry_id, location_of(ledger_id, entry_id))
+        for ledger_id in sorted(entries)
+        for entry_id in entries[ledger_id]
+    ]
+
+
+def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Path) -> None:
+    path = tmp_path / "index"
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    raw = rocksdict.Rdict(
+        str(path), options, {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta")}
+    )
+    raw.close()
+    del raw
+    reader = Index.open_read_only(path)
+    assert list(reader.usages()) == []
+    assert reader.usage(FileKind.ENTRY_LOG, 0, LedgerId(0, 1)) is None
+    reader.close()
+    writer = Index(path)  # the writer adds the family
+    batch = writer.batch()
+    batch.put_usage(FileKind.ENTRY_LOG, 0, LedgerId(0, 1), 9)
+    writer.write(batch)
+    writer.close()
+    reader = Index.open_read_only(path)
+    assert list(reader.usages()) == [(FileKind.ENTRY_LOG, 0, LedgerId(0, 1), 9)]
+    reader.close()

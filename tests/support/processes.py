@@ -69,6 +69,8 @@ class BookieProcess:
     extra: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    program: tuple[str, ...] = ("tally.cli.main", "bookie")
+    """The module run with `python -m`, and its arguments before the bookie's options."""
 
     @property
     def address(self) -> str:
@@ -80,7 +82,7 @@ class BookieProcess:
         log = self.log_path.open("a")
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "tally.cli.main", "bookie",
+                sys.executable, "-m", *self.program,
                 "--metadata", self.metadata,
                 "--data-dir", str(self.data_dir),
                 "--listen", self.address,

@@ -150,6 +150,10 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
         ("TALLY_BOOKIE_LISTEN", "nowhere", "listen = .nowhere. .*not host:port"),
         ("TALLY_BOOKIE_DISK_USAGE_LWM_THRESHOLD", "0.99", "disk_usage_lwm_threshold"),
         ("TALLY_BOOKIE_TLS_CERT", "cert.pem", "needs both tls_cert and tls_key"),
+        ("TALLY_BOOKIE_MINOR_COMPACTION_THRESHOLD", "0.9", "minor_compaction_threshold"),
+        ("TALLY_BOOKIE_MAJOR_COMPACTION_THRESHOLD", "1.0", "minor_compaction_threshold"),
+        ("TALLY_BOOKIE_COMPACTION_RATE_BYTES", "-1", "compaction_rate_bytes .*not be negative"),
+        ("TALLY_BOOKIE_DISK_USAGE_WARN_THRESHOLD", "1.5", "disk_usage_warn_threshold"),
     ],
 )
 def test_the_bookie_config_refuses_what_cannot_work(
@@ -157,3 +161,34 @@ def test_the_bookie_config_refuses_what_cannot_work(
 ) -> None:
     with pytest.raises(BadRequest, match=problem):
         load(BookieConfig, "bookie", env={variable: value})
+
+
+def test_the_bookie_config_gives_garbage_collection_its_settings() -> None:
+    config = load(
+        BookieConfig,
+        "bookie",
+        env={
+            "TALLY_BOOKIE_MINOR_COMPACTION_INTERVAL": "60",
+            "TALLY_BOOKIE_MAJOR_COMPACTION_THRESHOLD": "0.5",
+            "TALLY_BOOKIE_COMPACTION_RATE_BYTES": "1000000",
+            "TALLY_BOOKIE_IS_FORCE_GC_ALLOW_WHEN_NO_SPACE": "true",
+        },
+    )
+    settings = config.gc_settings
+    assert settings.policy.minor_interval == 60.0
+    assert settings.policy.minor_threshold == 0.2
+    assert settings.policy.major_threshold == 0.5
+    assert settings.policy.major_interval == 86400.0
+    assert (settings.policy.warn_usage, settings.policy.full_usage) == (0.90, 0.95)
+    assert settings.policy.force_when_no_space
+    assert settings.rate_bytes == 1_000_000
+    assert settings.major_max_time == 600.0
+    lowered = load(
+        BookieConfig,
+        "bookie",
+        env={
+            "TALLY_BOOKIE_DISK_USAGE_THRESHOLD": "0.5",
+            "TALLY_BOOKIE_DISK_USAGE_LWM_THRESHOLD": "0.4",
+        },
+    )
+    assert lowered.gc_settings.policy.warn_usage == 0.5, "never above the disk-full threshold"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tally.bookie.compactor import GcSettings
 from tally.bookie.journal import (
     DEFAULT_FILE_SIZE,
     DEFAULT_MAX_BATCH_BYTES,
@@ -18,6 +19,7 @@ from tally.bookie.journal_format import HEADER_SIZE
 from tally.config import check
 from tally.core import protocol
 from tally.core.addresses import split_host_port
+from tally.core.compaction import CompactionPolicy
 from tally.core.disk_usage import DEFAULT_LOW_WATER_MARK, DEFAULT_USAGE_THRESHOLD
 from tally.core.errors import BadRequest, BadSetting
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
@@ -70,6 +72,27 @@ class BookieConfig:
     """... and below which it turns writable again."""
     disk_check_interval: float = 10.0
     """Seconds between two looks at the disks' usage."""
+    disk_usage_warn_threshold: float = 0.90
+    """Fraction of the ledger disk used from which major compaction stops
+    (diskUsageWarnThreshold; disk_usage_threshold if that is lower); minor compaction stops
+    at disk_usage_threshold."""
+    is_force_gc_allow_when_no_space: bool = False
+    """Compact even above those thresholds (isForceGCAllowWhenNoSpace): copying the few live
+    entries of sparse files is then how the bookie gets space back."""
+    minor_compaction_threshold: float = 0.2
+    """Compact the entry logs and kept journal files less live than this
+    (minorCompactionThreshold) every minor_compaction_interval; 0: no minor compaction."""
+    minor_compaction_interval: float = 3600.0
+    major_compaction_threshold: float = 0.8
+    """... and those less live than this every major_compaction_interval (a day); 0: none."""
+    major_compaction_interval: float = 86400.0
+    minor_compaction_max_time: float = 600.0
+    """Seconds one garbage collection run spends compacting at most; the next run goes on
+    where it stopped (minorCompactionMaxTimeMillis). 0: no bound."""
+    major_compaction_max_time: float = 600.0
+    compaction_rate_bytes: int = 0
+    """Bytes per second that compaction copies at most (compactionRateByBytes); 0: no
+    limit (it takes the storage's lock a bounded chunk at a time either way)."""
     limbo_check_interval: float = 30.0
     """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
     they are closed and whole again, or still need marking for repair."""
@@ -118,12 +141,48 @@ class BookieConfig:
             "disk_usage_lwm_threshold",
             f"needs 0 < it <= disk_usage_threshold ({self.disk_usage_threshold}) <= 1",
         )
+        check(
+            0 < self.disk_usage_warn_threshold <= 1,
+            "disk_usage_warn_threshold",
+            "needs 0 < it <= 1",
+        )
+        check(
+            0 <= self.minor_compaction_threshold <= self.major_compaction_threshold < 1,
+            "minor_compaction_threshold",
+            f"needs 0 <= it <= major_compaction_threshold ({self.major_compaction_threshold}) < 1",
+        )
+        for name in (
+            "minor_compaction_interval",
+            "major_compaction_interval",
+            "minor_compaction_max_time",
+            "major_compaction_max_time",
+            "compaction_rate_bytes",
+        ):
+            check(getattr(self, name) >= 0, name, "must not be negative")
         if self.metrics_port is not None:
             check(0 <= self.metrics_port < 65536, "metrics_port", "must be in 0..65535")
         check(
             (self.tls_cert is None) == (self.tls_key is None),
             "tls_cert" if self.tls_cert is None else "tls_key",
             "TLS needs both tls_cert and tls_key",
+        )
+
+    @property
+    def gc_settings(self) -> GcSettings:
+        """Garbage collection's settings, as ledger storage takes them."""
+        return GcSettings(
+            policy=CompactionPolicy(
+                minor_threshold=self.minor_compaction_threshold,
+                minor_interval=self.minor_compaction_interval,
+                major_threshold=self.major_compaction_threshold,
+                major_interval=self.major_compaction_interval,
+                warn_usage=min(self.disk_usage_warn_threshold, self.disk_usage_threshold),
+                full_usage=self.disk_usage_threshold,
+                force_when_no_space=self.is_force_gc_allow_when_no_space,
+            ),
+            rate_bytes=self.compaction_rate_bytes,
+            minor_max_time=self.minor_compaction_max_time,
+            major_max_time=self.major_compaction_max_time,
         )
 
     @property

@@ -7,11 +7,19 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                                                          u64, offset u64, size u32, CRC32C
                                                          u32) in the journal (24 bytes)
     ledgers   (scope u64, ledger u64)                ->  LedgerData, 74 bytes
+    usage     (file kind u8, file id u64,            ->  bytes u64 of the ledger's entries in
+               scope u64, ledger u64)                    that entry log (kind 1) or journal
+                                                         file (2) that the index points to
+                                                         (an over-estimate; compactor.py)
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
               b"limbo_ledgers"                       ->  (scope u64, ledger u64) of each
                                                          ledger in limbo (ledger_storage.py)
+              b"unaccounted_files"                   ->  (kind u64, file id u64) of each file
+                                                         written before `usage` was kept
+              b"compaction_times"                    ->  when the last minor and major
+                                                         compactions finished, f64 seconds
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -26,7 +34,7 @@ never be taken for an index without the entry), a failed write is `WriteFailed`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -38,6 +46,7 @@ import rocksdict
 
 from tally.bookie.entry_log import Location
 from tally.bookie.journal_entries import JournalLocation
+from tally.core.compaction import CompactionTimes, FileKind
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import (
     BadRequest,
@@ -55,15 +64,26 @@ _LEDGER_KEY = struct.Struct(">QQ")
 _LOCATION = struct.Struct(">IQI")
 _JOURNAL_LOCATION = struct.Struct(">QQII")
 _FILE_ID = struct.Struct(">Q")
+_USAGE_KEY = struct.Struct(">BQQQ")
+_USAGE_FILE = struct.Struct(">BQ")
+_USAGE = struct.Struct(">Q")
+_UNACCOUNTED = struct.Struct(">QQ")
+_TIMES = struct.Struct(">dd")
+_FILE_KINDS = {FileKind.ENTRY_LOG: 1, FileKind.JOURNAL: 2}
+_KINDS_BY_CODE = {code: kind for kind, code in _FILE_KINDS.items()}
 _STATE = struct.Struct(">BB32sqqqQQ")
 _STATE_VERSION = 1
 _FENCED = 0x01
 _HAS_MASTER_KEY = 0x02
 _LEDGERS = "ledgers"
 _META = "meta"
+_USAGE_FAMILY = "usage"
+_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY)
 _JOURNAL_MARK = b"journal_mark"
 _KEPT_JOURNAL_FILES = b"kept_journal_files"
 _LIMBO_LEDGERS = b"limbo_ledgers"
+_UNACCOUNTED_FILES = b"unaccounted_files"
+_COMPACTION_TIMES = b"compaction_times"
 _PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
 _SCAN_CHUNK = 1 << 16
 
@@ -152,6 +172,23 @@ def _entry_range(ledger_id: LedgerId) -> tuple[bytes, bytes]:
     return _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, 0), hi
 
 
+FileKey = tuple[FileKind, int]
+"""A file that garbage collection looks after: its kind and id."""
+
+UsageKey = tuple[FileKind, int, LedgerId]
+"""A ledger's bytes in one file."""
+
+
+def _usage_key(kind: FileKind, file_id: int, ledger_id: LedgerId) -> bytes:
+    return _USAGE_KEY.pack(_FILE_KINDS[kind], file_id, ledger_id.scope, ledger_id.id)
+
+
+def _file_range(kind: FileKind, file_id: int) -> tuple[bytes, bytes]:
+    """[lo, hi) of the file's usage keys."""
+    lo = _USAGE_FILE.pack(_FILE_KINDS[kind], file_id)
+    return lo, lo + b"\xff" * (_USAGE_KEY.size - _USAGE_FILE.size) + b"\xff"
+
+
 def _bounded(upper: bytes) -> rocksdict.ReadOptions:
     options = rocksdict.ReadOptions()
     options.set_iterate_upper_bound(upper)
@@ -213,6 +250,33 @@ class IndexBatch:
         packed = b"".join(_ledger_key(ledger_id) for ledger_id in sorted(ledger_ids))
         self._batch.put(_LIMBO_LEDGERS, packed, self._index._meta_handle)
 
+    def put_usage(self, kind: FileKind, file_id: int, ledger_id: LedgerId, size: int) -> None:
+        self._batch.put(_usage_key(kind, file_id, ledger_id), _USAGE.pack(size), self._usage)
+
+    def delete_usage(self, kind: FileKind, file_id: int, ledger_id: LedgerId) -> None:
+        self._batch.delete(_usage_key(kind, file_id, ledger_id), self._usage)
+
+    def delete_file_usage(self, kind: FileKind, file_id: int) -> None:
+        """Every ledger's usage of the file (one range tombstone)."""
+        self._batch.delete_range(*_file_range(kind, file_id), self._usage)
+
+    @property
+    def _usage(self) -> rocksdict.ColumnFamily:
+        handle = self._index._usage_handle
+        assert handle is not None, "a writable index has every family"
+        return handle
+
+    def put_unaccounted_files(self, files: Iterable[FileKey]) -> None:
+        packed = b"".join(
+            _UNACCOUNTED.pack(_FILE_KINDS[kind], file_id)
+            for kind, file_id in sorted(files, key=lambda file: (_FILE_KINDS[file[0]], file[1]))
+        )
+        self._batch.put(_UNACCOUNTED_FILES, packed, self._index._meta_handle)
+
+    def put_compaction_times(self, times: CompactionTimes) -> None:
+        packed = _TIMES.pack(times.last_minor, times.last_major)
+        self._batch.put(_COMPACTION_TIMES, packed, self._index._meta_handle)
+
 
 class Index:
     """The bookie's index; `open_read_only` gives admin tools a view of a live one.
@@ -226,25 +290,31 @@ class Index:
         self.read_only = read_only
         self._closed = False
         options = rocksdict.Options(raw_mode=True)
-        families = {
-            _LEDGERS: rocksdict.Options(raw_mode=True),
-            _META: rocksdict.Options(raw_mode=True),
-        }
         try:
             if read_only:
                 if not (path / "CURRENT").is_file():
                     raise BadRequest(f"there is no index at {path}")
                 access = rocksdict.AccessType.read_only(False)
+                # An index written before a family existed is read without it (as empty).
+                names = set(rocksdict.Rdict.list_cf(str(path), options)).intersection(_FAMILIES)
             else:
                 path.mkdir(parents=True, exist_ok=True)
                 options.create_if_missing(True)
                 options.create_missing_column_families(True)
                 access = rocksdict.AccessType.read_write()
+                names = set(_FAMILIES)
+            families = {name: rocksdict.Options(raw_mode=True) for name in sorted(names)}
             self._db = rocksdict.Rdict(str(path), options, families, access)
             self._ledgers_db = self._db.get_column_family(_LEDGERS)
             self._meta_db = self._db.get_column_family(_META)
+            self._usage_db = (
+                self._db.get_column_family(_USAGE_FAMILY) if _USAGE_FAMILY in names else None
+            )
             self._ledgers_handle = self._db.get_column_family_handle(_LEDGERS)
             self._meta_handle = self._db.get_column_family_handle(_META)
+            self._usage_handle = (
+                self._db.get_column_family_handle(_USAGE_FAMILY) if _USAGE_FAMILY in names else None
+            )
         except TallyError:
             raise
         except Exception as error:
@@ -343,6 +413,101 @@ class Index:
             )
         return list(layout.iter_unpack(raw))
 
+    def usage(self, kind: FileKind, file_id: int, ledger_id: LedgerId) -> int | None:
+        """The bytes the ledger has in the file, as counted (None: no count)."""
+        if self._usage_db is None:
+            return None
+        try:
+            raw = self._usage_db.get(_usage_key(kind, file_id, ledger_id))
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the usage of {kind.value} {file_id}: {error}"
+            ) from error
+        return None if raw is None else int(_USAGE.unpack(raw)[0])
+
+    def usages(self) -> Iterator[tuple[FileKind, int, LedgerId, int]]:
+        """Every (file kind, file id, ledger, bytes) counted, by file."""
+        if self._usage_db is None:
+            return
+        try:
+            for key, value in cast(Iterator[tuple[bytes, bytes]], self._usage_db.items()):
+                code, file_id, scope, ledger = _USAGE_KEY.unpack(key)
+                yield (
+                    _KINDS_BY_CODE[code],
+                    file_id,
+                    LedgerId(scope, ledger),
+                    _USAGE.unpack(value)[0],
+                )
+        except TallyError:
+            raise
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot list the usage of files: {error}") from error
+
+    def add_usage(self, batch: IndexBatch, deltas: Mapping[UsageKey, int]) -> None:
+        """Put each count plus its delta into `batch`, never below 0. A count is made by a
+        positive delta only: a file without counts is one that was never counted."""
+        for (kind, file_id, ledger_id), delta in deltas.items():
+            current = self.usage(kind, file_id, ledger_id)
+            if current is None and delta <= 0:
+                continue
+            batch.put_usage(kind, file_id, ledger_id, max(0, (current or 0) + delta))
+
+    def unaccounted_files(self) -> set[FileKey] | None:
+        """The files written before usage was counted; None if it never was (an index of an
+        earlier version, or a new one)."""
+        try:
+            raw = self._meta_db.get(_UNACCOUNTED_FILES)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the unaccounted files: {error}") from error
+        if raw is None:
+            return None
+        return {
+            (_KINDS_BY_CODE[code], file_id)
+            for code, file_id in self._packed(_UNACCOUNTED_FILES, _UNACCOUNTED, "unaccounted files")
+        }
+
+    def compaction_times(self) -> CompactionTimes | None:
+        try:
+            raw = self._meta_db.get(_COMPACTION_TIMES)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the compaction times: {error}") from error
+        if raw is None:
+            return None
+        if len(raw) != _TIMES.size:
+            raise EntryUnreadable(
+                f"index: the compaction times take {len(raw)} bytes, not {_TIMES.size}"
+            )
+        return CompactionTimes(*_TIMES.unpack(raw))
+
+    def ledger_locations(
+        self, ledger_id: LedgerId
+    ) -> Iterator[tuple[int, Location | JournalLocation]]:
+        """The ledger's (entry id, location) pairs, ascending."""
+        lo, hi = _entry_range(ledger_id)
+        try:
+            items = cast(
+                Iterator[tuple[bytes, bytes]], self._db.items(from_key=lo, read_opt=_bounded(hi))
+            )
+            for key, value in items:
+                entry_id = _ENTRY_KEY.unpack(key)[2]
+                yield entry_id, _location(value, ledger_id, entry_id)
+        except TallyError:
+            raise
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot scan ledger {ledger_id}: {error}") from error
+
+    def all_locations(self) -> Iterator[tuple[LedgerId, int, Location | JournalLocation]]:
+        """Every (ledger, entry id, location), in key order: a walk of the whole index."""
+        try:
+            for key, value in cast(Iterator[tuple[bytes, bytes]], self._db.items()):
+                scope, ledger, entry_id = _ENTRY_KEY.unpack(key)
+                ledger_id = LedgerId(scope, ledger)
+                yield ledger_id, entry_id, _location(value, ledger_id, entry_id)
+        except TallyError:
+            raise
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot walk the locations: {error}") from error
+
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""
         try:
@@ -384,10 +549,12 @@ class Index:
         if self._closed:
             return
         self._closed = True
-        del self._ledgers_handle, self._meta_handle
+        del self._ledgers_handle, self._meta_handle, self._usage_handle
         try:
             self._ledgers_db.close()
             self._meta_db.close()
+            if self._usage_db is not None:
+                self._usage_db.close()
             self._db.close()
         except Exception as error:
             raise WriteFailed(f"index {self.path}: close failed: {error}") from error

@@ -114,5 +114,10 @@ class JournalEntries:
             )
         return crc, data
 
+    def retire(self, file_id: int) -> None:
+        """The index no longer points into the file and the journal may delete it: stop
+        reading it (a read that raced the change reads the index again)."""
+        self._handles.retire(file_id)
+
     def close(self) -> None:
         self._handles.close()

@@ -28,7 +28,9 @@ metadata gives it (limbo.py); the set is kept in the index, written by the check
 
 Threads. The bookie calls everything from its event loop thread except `checkpoint`,
 `delete_ledger` and `forget_entries`, which it runs in one worker thread (they hold
-`_maintenance` for their whole run, so they never overlap). One short lock, `_lock`, guards
+`_maintenance` for their whole run, so they never overlap), and `collect_garbage`, which
+runs in a thread of its own and holds `_maintenance` a bounded chunk at a time
+(compactor.py). One short lock, `_lock`, guards
 the caches and the ledger states: an add holds it for a few dict operations; a checkpoint
 for the swap, for encoding the changed states, and for the index write plus the drop of
 the old cache, so a reader sees an entry either in a cache or in the index, never in
@@ -41,6 +43,10 @@ start-up. An AVAILABILITY_DUMP holds one ledger's entry ids at a time.
 
 A directory with entry logs but no index is refused at start-up: an empty index would
 answer NoSuchEntry for every entry the bookie ever acknowledged.
+
+Garbage collection (compactor.py) deletes the files that hold no live entry and compacts
+sparse ones; the index counts each ledger's bytes in each file for it, and the checkpoints,
+`forget_entries` and the compaction keep those counts in the batches that move entries.
 """
 
 from __future__ import annotations
@@ -48,24 +54,34 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from tally.bookie.compactor import (
+    Compactor,
+    GcReport,
+    GcSettings,
+    GcStats,
+    disk_space_of,
+    usage_of,
+)
 from tally.bookie.entry_log import (
     DEFAULT_LOG_SIZE_LIMIT,
     RECORD_HEADER_SIZE,
     EntryLog,
     Location,
 )
-from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerData
+from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerData, UsageKey
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.bookie.write_cache import WriteCache
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
+from tally.core.compaction import DiskSpace
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.digest import crc32c as compute_crc32c
 from tally.core.errors import (
@@ -105,6 +121,7 @@ class LedgerStorageStats:
     kept_journal_files: int
     last_checkpoint_seconds: float
     checkpoint_seconds_total: float
+    gc: GcStats
 
 
 @dataclass(slots=True)
@@ -130,9 +147,12 @@ class LedgerStorage:
         log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT,
         direct_io: bool = True,
         journal_entries: JournalEntries | None = None,
+        gc: GcSettings | None = None,
+        disk_space: Callable[[], DiskSpace] | None = None,
     ) -> None:
         """`journal_entries`: where to read the entries that `keep_in_journal` leaves in the
-        journal; without it, every entry is copied into the entry logs."""
+        journal; without it, every entry is copied into the entry logs. `gc`: garbage
+        collection's settings; `disk_space` measures the ledger disk for it."""
         self.directory = directory
         self._log = EntryLog(directory / "logs", size_limit=log_size_limit, direct_io=direct_io)
         if not (directory / "index").exists() and self._log.log_ids():
@@ -160,6 +180,16 @@ class LedgerStorage:
         self._limbo_changed = False
         """Whether `_limbo` changed since the last checkpoint took its snapshot."""
         self._counters = _Counters()
+        self._compactor = Compactor(
+            self._index,
+            self._log,
+            journal_entries,
+            self._maintenance,
+            self.kept_journal_files,
+            self._drop_kept_files,
+            gc or GcSettings(),
+            disk_space=disk_space or disk_space_of(directory),
+        )
 
     # -- writes (event loop) --------------------------------------------------------
 
@@ -305,21 +335,36 @@ class LedgerStorage:
             return stored
         try:
             location = self._index.location(ledger_id, entry_id)
-            if isinstance(location, JournalLocation):
-                if self._journal is None:
-                    raise EntryUnreadable(
-                        f"entry {entry_id} of ledger {ledger_id} is kept in journal file "
-                        f"{location.file_id}, and this storage was opened without the journal"
-                    )
-                return self._journal.read(location, ledger_id, entry_id)
             if location is not None:
-                return self._log.read(location, ledger_id, entry_id)
+                try:
+                    return self._read(location, ledger_id, entry_id)
+                except EntryUnreadable:
+                    # Garbage collection may have moved the entry and deleted its file since
+                    # the look-up: the index then says where it is now (or that it is gone).
+                    moved = self._index.location(ledger_id, entry_id)
+                    if moved == location:
+                        raise
+                    location = moved
+                if location is not None:
+                    return self._read(location, ledger_id, entry_id)
         except EntryUnreadable:
             with self._lock:
                 self._counters.read_errors += 1
             raise
         self._check_negative(ledger_id, f"entry {entry_id} of ledger {ledger_id}")
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
+
+    def _read(
+        self, location: Location | JournalLocation, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, bytes]:
+        if isinstance(location, Location):
+            return self._log.read(location, ledger_id, entry_id)
+        if self._journal is None:
+            raise EntryUnreadable(
+                f"entry {entry_id} of ledger {ledger_id} is kept in journal file "
+                f"{location.file_id}, and this storage was opened without the journal"
+            )
+        return self._journal.read(location, ledger_id, entry_id)
 
     def _last_entry(self, ledger_id: LedgerId) -> int:
         with self._lock:
@@ -386,7 +431,7 @@ class LedgerStorage:
             # into the index and the counts, and they would be counted twice or not at all.
             entry_count, byte_count = state.entry_count, state.byte_count
             for entry_id, size in sizes.items():
-                entry_count, byte_count = self._counted(
+                entry_count, byte_count, _ = self._counted(
                     ledger_id, entry_id, size, state.last_entry, entry_count, byte_count
                 )
             return LedgerInfo(state.fenced, state.last_add_confirmed, entry_count, byte_count)
@@ -458,6 +503,7 @@ class LedgerStorage:
                 kept_journal_files=len(self._kept_files),
                 last_checkpoint_seconds=counters.last_checkpoint_seconds,
                 checkpoint_seconds_total=counters.checkpoint_seconds_total,
+                gc=self._compactor.stats(),
             )
 
     # -- maintenance (one worker thread) --------------------------------------------
@@ -520,6 +566,7 @@ class LedgerStorage:
         totals = {}
         kept = cache.kept
         kept_files = {location.file_id for location in kept.values()}
+        usage: dict[UsageKey, int] = defaultdict(int)
         for ledger_id in cache.ledgers():
             state = self._states[ledger_id]
             bound, count, size = state.last_entry, state.entry_count, state.byte_count
@@ -527,15 +574,21 @@ class LedgerStorage:
             entry_ids = sorted(entries)
             for entry_id in entry_ids:
                 crc, data = entries[entry_id]
-                location = kept.get((ledger_id, entry_id)) if kept else None
-                batch.put_location(
-                    ledger_id,
-                    entry_id,
-                    location or self._log.append(ledger_id, entry_id, crc, data),
+                location = (kept.get((ledger_id, entry_id)) if kept else None) or self._log.append(
+                    ledger_id, entry_id, crc, data
                 )
-                count, size = self._counted(ledger_id, entry_id, len(data), bound, count, size)
+                batch.put_location(ledger_id, entry_id, location)
+                kind, file_id, counted = usage_of(location)
+                usage[kind, file_id, ledger_id] += counted
+                count, size, replaced = self._counted(
+                    ledger_id, entry_id, len(data), bound, count, size
+                )
+                if replaced is not None:
+                    kind, file_id, counted = usage_of(replaced)
+                    usage[kind, file_id, ledger_id] -= counted
             totals[ledger_id] = _Totals(max(bound, entry_ids[-1]), count, size)
         self._log.flush()
+        self._index.add_usage(batch, usage)
         if not kept_files <= self._kept_files:
             with self._lock:
                 self._kept_files |= kept_files
@@ -544,29 +597,31 @@ class LedgerStorage:
 
     def _counted(
         self, ledger_id: LedgerId, entry_id: int, size: int, bound: int, count: int, total: int
-    ) -> tuple[int, int]:
-        """(count, bytes) after storing `size` bytes as the entry: new, or replacing one.
+    ) -> tuple[int, int, Location | JournalLocation | None]:
+        """(count, bytes) after storing `size` bytes as the entry: new, or replacing one;
+        and the location of the one it replaces.
 
         Entries above `bound` (the highest ever indexed) are new without a lookup. A location
         the index cannot read is counted as replaced with its size unknown, so that the
         re-add that repairs it still goes through.
         """
         if entry_id > bound:
-            return count + 1, total + size
+            return count + 1, total + size, None
         try:
             previous = self._index.location(ledger_id, entry_id)
         except EntryUnreadable:
-            return count, total + size
+            return count, total + size, None
         if previous is None:
-            return count + 1, total + size
-        return count, total + size - _entry_size(previous)
+            return count + 1, total + size, None
+        return count, total + size - _entry_size(previous), previous
 
     def delete_ledger(self, ledger_id: LedgerId) -> None:
         """Forget the ledger: entries (index and caches) and state. Call from a worker thread.
 
-        The entry log bytes stay until garbage collection (a later issue) compacts them.
-        Durable on return. A journal replay from an older mark may bring back adds made
-        before the delete; garbage collection deletes such a ledger again.
+        Its bytes stay in the entry logs (and kept journal files) until `collect_garbage`
+        deletes or compacts them. Durable on return. A journal replay from an older mark may
+        bring back adds made before the delete; garbage collection deletes such a ledger
+        again.
         """
         with self._maintenance:
             with self._lock:
@@ -601,22 +656,52 @@ class LedgerStorage:
                 batch = self._index.batch()
                 count, size = state.entry_count, state.byte_count
                 forgotten = set(cached)
+                usage: dict[UsageKey, int] = defaultdict(int)
                 for entry_id in wanted:
                     location = self._index.location(ledger_id, entry_id)
                     if location is not None:
                         batch.delete_entry(ledger_id, entry_id)
                         count, size = count - 1, size - _entry_size(location)
                         forgotten.add(entry_id)
+                        kind, file_id, counted = usage_of(location)
+                        usage[kind, file_id, ledger_id] -= counted
                 updated = state.copy()
                 updated.entry_count, updated.byte_count = count, size
                 batch.put_ledger_data(ledger_id, updated)
+                self._index.add_usage(batch, usage)
                 self._index.write(batch)
                 state.entry_count, state.byte_count = count, size
             self._index.sync()
             return len(forgotten)
 
+    def collect_garbage(
+        self, now: float, *, force_major: bool = False, force_minor: bool = False
+    ) -> GcReport:
+        """Delete the entry logs (and release the kept journal files) that hold no entry of
+        a ledger still in the index, and compact the sparse ones when a compaction is due
+        (or forced): see compactor.py. `now` is wall-clock seconds.
+
+        Call from a worker thread (not the one that checkpoints); a second call waits for
+        the first. Reads, adds and checkpoints go on meanwhile. WriteFailed if an entry log
+        or the index cannot be written: nothing is lost, the run stops there.
+        """
+        return self._compactor.run(now, force_major=force_major, force_minor=force_minor)
+
+    def _drop_kept_files(self, file_ids: frozenset[int]) -> None:
+        """Take journal files out of the kept set (garbage collection, holding
+        `_maintenance`): the index first, then the memory that the journal's release reads."""
+        with self._lock:
+            remaining = self._kept_files - file_ids
+        batch = self._index.batch()
+        batch.put_kept_journal_files(remaining)
+        self._index.write(batch)
+        with self._lock:
+            self._kept_files -= file_ids
+
     def close(self) -> None:
-        """Close the files. No checkpoint: the bookie checkpoints first, with its mark."""
+        """Close the files. No checkpoint: the bookie checkpoints first, with its mark. A
+        garbage collection still running stops at its next step."""
+        self._compactor.stop()
         with self._maintenance:
             try:
                 self._log.close()

@@ -18,15 +18,23 @@ from itertools import accumulate
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
+from tally.bookie.compactor import GcStats
 from tally.bookie.journal import JournalStats
 from tally.bookie.ledger_storage import LedgerStorageStats
+from tally.core.compaction import FileKind
 
 _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
+_LIVE_FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class BookieMetrics:
@@ -133,7 +141,9 @@ class _StorageCollector(Collector):
         self._storage = storage
         self._index_dir = index_dir
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | GaugeHistogramMetricFamily]:
         journal = self._journal()
         yield CounterMetricFamily(
             "bookie_journal_records", "Records made durable", value=journal.records
@@ -195,6 +205,78 @@ class _StorageCollector(Collector):
             "bookie_ledger_disk_usage_ratio",
             "Used fraction of the ledger disk",
             value=usage.used / usage.total if usage.total else 0.0,
+        )
+        yield from _gc_metrics(storage.gc)
+
+
+def _gc_metrics(
+    gc: GcStats,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily | GaugeHistogramMetricFamily]:
+    """Garbage collection's figures (BookKeeper's bookie_gc_* in its words)."""
+    yield CounterMetricFamily("bookie_gc_runs", "Garbage collection runs", value=gc.runs)
+    reclaimed = CounterMetricFamily(
+        "bookie_gc_reclaimed_bytes",
+        "Disk bytes given back by garbage collection: by deletion of files with no live entry, "
+        "by compaction of sparse ones (journal files go at the journal's next release)",
+        labels=("by",),
+    )
+    reclaimed.add_metric(("deletion",), gc.reclaimed_deletion_bytes)
+    reclaimed.add_metric(("compaction",), gc.reclaimed_compaction_bytes)
+    yield reclaimed
+    yield CounterMetricFamily(
+        "bookie_gc_deleted_entry_logs",
+        "Entry logs deleted for holding no entry of a ledger in the index",
+        value=gc.deleted_entry_logs,
+    )
+    yield CounterMetricFamily(
+        "bookie_gc_released_journal_files",
+        "Journal files let go for holding no kept entry of a ledger in the index",
+        value=gc.released_journal_files,
+    )
+    for name, what, counts in (
+        ("bookie_gc_compacted_entry_logs", "Entry logs", gc.compacted_entry_logs),
+        ("bookie_gc_compacted_journal_files", "Kept journal files", gc.compacted_journal_files),
+    ):
+        family = CounterMetricFamily(
+            name, f"{what} compacted (live entries copied away, then deleted)", labels=("type",)
+        )
+        for compaction, count in sorted(counts.items()):
+            family.add_metric((compaction,), count)
+        yield family
+    yield CounterMetricFamily(
+        "bookie_gc_moved_bytes", "Live entry bytes copied by compaction", value=gc.moved_bytes
+    )
+    yield CounterMetricFamily(
+        "bookie_gc_moved_entries", "Live entries copied by compaction", value=gc.moved_entries
+    )
+    yield GaugeMetricFamily(
+        "bookie_gc_compaction_bytes_per_second",
+        "Live bytes moved per second by the last compaction",
+        value=gc.last_compaction_bytes_per_second,
+    )
+    live = GaugeHistogramMetricFamily(
+        "bookie_gc_live_fraction",
+        "Live fraction of the entry logs and kept journal files, as the last garbage "
+        "collection counted them",
+        labels=("kind",),
+    )
+    for kind in FileKind:
+        fractions = [f.live_fraction for f in gc.last_files if f.kind is kind]
+        buckets = [
+            (_le(bound), sum(1 for fraction in fractions if fraction <= bound))
+            for bound in (*_LIVE_FRACTION_BUCKETS, float("inf"))
+        ]
+        live.add_metric((kind.value,), buckets, gsum_value=sum(fractions))
+    yield live
+    for name, what, value in (
+        ("bookie_gc_live_bytes", "Live bytes", sum(f.live_bytes for f in gc.last_files)),
+        ("bookie_gc_file_bytes", "Disk bytes", sum(f.total_bytes for f in gc.last_files)),
+    ):
+        yield GaugeMetricFamily(
+            name,
+            f"{what} of the entry logs and kept journal files that the last garbage "
+            "collection looked at",
+            value=value,
         )
 
 

@@ -2,7 +2,9 @@
 
 A big disk holds thousands of such files; a bounded table keeps the recently read ones open
 (least recently used go first). Reads may come from several threads; a handle that leaves
-the table while a read uses it is closed by that read once done.
+the table while a read uses it is closed by that read once done. A file retired because it
+is about to be deleted is never opened again (ids are not reused): an open kept by a read
+that raced the deletion would hold the file's space until the handle aged out.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ReadHandles:
         self._limit = limit
         self._lock = threading.Lock()
         self._handles: OrderedDict[int, _Handle] = OrderedDict()
+        self._gone: set[int] = set()
 
     def pread(self, file_id: int, size: int, offset: int) -> bytes:
         handle = self._acquire(file_id)
@@ -45,6 +48,8 @@ class ReadHandles:
 
     def _acquire(self, file_id: int) -> _Handle:
         with self._lock:
+            if file_id in self._gone:
+                raise FileNotFoundError(f"cannot open file {file_id}: it was deleted")
             handle = self._handles.get(file_id)
             if handle is not None:
                 self._handles.move_to_end(file_id)
@@ -52,6 +57,9 @@ class ReadHandles:
                 return handle
         fd = self._open_file(file_id)
         with self._lock:
+            if file_id in self._gone:  # retired while this opened it
+                os.close(fd)
+                raise FileNotFoundError(f"cannot open file {file_id}: it was deleted")
             handle = self._handles.get(file_id)
             if handle is None:
                 handle = self._handles[file_id] = _Handle(fd)
@@ -64,8 +72,10 @@ class ReadHandles:
             return handle
 
     def retire(self, file_id: int) -> None:
-        """Let go of a file (about to be deleted): closed now, or after the reads using it."""
+        """Let go of a file about to be deleted: closed now, or after the reads using it, and
+        never opened again."""
         with self._lock:
+            self._gone.add(file_id)
             self._retire(file_id)
 
     def _retire(self, file_id: int) -> None:

@@ -168,6 +168,7 @@ class Bookie:
             log_size_limit=config.entry_log_size_limit,
             direct_io=config.direct_io,
             journal_entries=JournalEntries(journal_dir) if keep else None,
+            gc=config.gc_settings,
         )
         self._journal = Journal(
             journal_dir,

@@ -1,0 +1,135 @@
+"""A bookie process whose garbage collection a test (or a benchmark) drives from files:
+
+    python -m tests.support.gc_bookie --metadata URI --data-dir DIR --listen HOST:PORT
+
+It runs a `Bookie` as `tally bookie` does (settings from TALLY_BOOKIE_* variables, the same
+"ready on" line), and beside it a loop standing in for the bookie's garbage collection
+thread: every `TALLY_GC_INTERVAL` seconds (default 0.2) it deletes from ledger storage the
+ledgers listed in `DIR/doomed-ledgers` (lines "scope id") that it still holds, then runs
+`LedgerStorage.collect_garbage`, forcing the compaction named in `DIR/gc-force` if that file
+exists ("major" or "minor"), and appends the report to `DIR/gc-reports.jsonl` (and a line to
+`DIR/gc-passes` as each pass starts, so that a test can tell whether one was running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from tally.bookie.compactor import GcReport
+from tally.bookie.config import BookieConfig
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.server import Bookie
+from tally.config import load
+from tally.core.errors import NoSuchLedger
+from tally.core.ids import LedgerId
+
+DOOMED = "doomed-ledgers"
+FORCE = "gc-force"
+REPORTS = "gc-reports.jsonl"
+PASSES = "gc-passes"
+
+log = logging.getLogger(__name__)
+
+
+def doomed_ledgers(data_dir: Path) -> list[LedgerId]:
+    path = data_dir / DOOMED
+    if not path.exists():
+        return []
+    return [LedgerId(*map(int, line.split())) for line in path.read_text().splitlines() if line]
+
+
+def doom(data_dir: Path, ledgers: list[LedgerId]) -> None:
+    """Add ledgers to those the process deletes (from the test's side)."""
+    with (data_dir / DOOMED).open("a") as file:
+        file.writelines(f"{ledger.scope} {ledger.id}\n" for ledger in ledgers)
+
+
+def reports(data_dir: Path) -> list[dict[str, object]]:
+    """The reports written so far (from the test's side); a line cut by a kill is left out."""
+    path = data_dir / REPORTS
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
+
+
+def passes(data_dir: Path) -> int:
+    """How many passes have started (from the test's side)."""
+    path = data_dir / PASSES
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def collect(storage: LedgerStorage, data_dir: Path) -> GcReport:
+    """One pass of the stand-in GC thread (in a worker thread)."""
+    with (data_dir / PASSES).open("a") as file:
+        file.write("started\n")
+    for ledger_id in doomed_ledgers(data_dir):
+        with contextlib.suppress(NoSuchLedger):
+            storage.delete_ledger(ledger_id)
+    force = (data_dir / FORCE).read_text().strip() if (data_dir / FORCE).exists() else ""
+    report = storage.collect_garbage(
+        time.time(), force_major=force == "major", force_minor=force == "minor"
+    )
+    record = dataclasses.asdict(report)
+    record["compaction"] = report.compaction.value
+    record["files"] = [(f.kind.value, f.file_id, f.total_bytes, f.live_bytes) for f in report.files]
+    with (data_dir / REPORTS).open("a") as file:
+        file.write(json.dumps(record) + "\n")
+    return report
+
+
+async def gc_loop(bookie: Bookie, data_dir: Path, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(collect, bookie.storage, data_dir)
+        except Exception:
+            log.exception("garbage collection failed")
+
+
+async def serve(config: BookieConfig, interval: float) -> None:
+    bookie = Bookie(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: loop.create_task(bookie.stop()))
+    await bookie.start()
+    print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
+    collector = asyncio.create_task(gc_loop(bookie, config.data_dir, interval))
+    await bookie.wait_stopped()
+    collector.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for option in ("--metadata", "--data-dir", "--listen"):
+        parser.add_argument(option, required=True)
+    arguments = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = load(
+        BookieConfig,
+        "bookie",
+        overrides={
+            "metadata": arguments.metadata,
+            "data_dir": Path(arguments.data_dir),
+            "listen": arguments.listen,
+        },
+    )
+    asyncio.run(serve(config, float(os.environ.get("TALLY_GC_INTERVAL", "0.2"))))
+
+
+if __name__ == "__main__":
+    main()
