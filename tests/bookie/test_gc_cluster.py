@@ -25,7 +25,7 @@ from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.paths import LEDGER_METADATA
 from tally.metadata.store import MetadataStore
 from tally.metadata.tombstones import read_tombstone
-from tests.support.cluster import Cluster, store_session
+from tests.support.cluster import Cluster, read_all, store_session
 from tests.support.polling import until
 from tests.support.processes import (
     AutoRecoveryProcess,
@@ -255,3 +255,76 @@ async def _all_acknowledged(store: MetadataStore, ledger_id: LedgerId) -> bool:
 
 async def _removed(store: MetadataStore, ledger_id: LedgerId) -> bool:
     return await read_tombstone(store, ledger_id) is None
+
+
+def _disk_bytes(directory: Path) -> int:
+    return sum(path.stat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
+
+
+def test_deleted_ledgers_give_their_disk_space_back(tmp_path: Path) -> None:
+    """Through the real path: the delete path, tombstones, `tally shell triggergc` (deletion,
+    then a forced major compaction); the ledgers left read back byte for byte."""
+    root = tmp_path / "space"
+    cluster = Cluster(init_cluster(root), root)
+    cluster.bookies = [
+        BookieProcess(cluster.uri, root / f"bookie-{i}", extra=("--metrics-port", "0"))
+        for i in range(3)
+    ]
+    small = {
+        "TALLY_BOOKIE_ENTRY_LOG_SIZE_LIMIT": str(1 << 20),
+        "TALLY_BOOKIE_JOURNAL_FILE_SIZE": str(2 << 20),
+        "TALLY_BOOKIE_JOURNAL_PREALLOCATE_SIZE": str(1 << 20),
+        "TALLY_BOOKIE_WRITE_CACHE_MAX_BYTES": str(1 << 20),
+        "TALLY_BOOKIE_FLUSH_INTERVAL": "0.2",
+        "TALLY_BOOKIE_KEEP_LARGE_ENTRIES_IN_JOURNAL": "true",
+        "TALLY_BOOKIE_GC_WAIT_TIME": "3600",
+    }
+    with environment(small):
+        cluster._start_all(cluster.bookies)
+
+    def payload(ledger_id: LedgerId, entry_id: int) -> bytes:
+        size = 40_000 if entry_id % 4 == 0 else 3_000  # some kept in the journal
+        return (b"%d/%d;" % (ledger_id.id, entry_id) * size)[:size]
+
+    async def scenario() -> None:
+        await settings(cluster.uri, ledger_delete_retention=0)
+        async with Client(cluster.uri) as client:
+            ledgers = []
+            for _ in range(20):
+                writer = await client.create_ledger(
+                    ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+                )
+                for entry_id in range(40):
+                    writer.append_nowait(payload(writer.ledger_id, entry_id))
+                await writer.close()
+                ledgers.append(writer.ledger_id)
+            await until(
+                lambda: all(
+                    not (b.data_dir / "ledgers" / "logs").exists()
+                    or any((b.data_dir / "ledgers" / "logs").iterdir())
+                    for b in cluster.bookies
+                ),
+                "entry logs written",
+            )
+            written = [_disk_bytes(b.data_dir) for b in cluster.bookies]
+            kept, doomed = ledgers[:2], ledgers[2:]
+            for ledger_id in doomed:
+                await client.delete_ledger(ledger_id, reason="trimmed")
+        runs = await asyncio.to_thread(triggergc, cluster)
+        assert all(len(run["ledgers_deleted"]) == len(doomed) for run in runs.values())
+        # A second run reclaims what the first one's checkpoint let go of.
+        runs = await asyncio.to_thread(triggergc, cluster)
+        after = [_disk_bytes(b.data_dir) for b in cluster.bookies]
+        for before, now in zip(written, after, strict=True):
+            assert now < 0.5 * before, (written, after, runs)
+        async with Client(cluster.uri) as client:
+            for ledger_id in kept:
+                reader = await client.open_ledger(ledger_id, password=PASSWORD)
+                assert await read_all(reader) == {
+                    entry_id: payload(ledger_id, entry_id) for entry_id in range(40)
+                }
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        cluster.shutdown()

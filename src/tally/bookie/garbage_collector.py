@@ -14,8 +14,12 @@ skipped, deleting nothing, when the metadata store cannot be read:
    that no repair copies to this bookie meanwhile. Ledgers with neither metadata nor
    tombstone are orphans: counted, logged, kept (`tally shell gc orphans`).
 
-Dropping a ledger here removes it from the index; the bytes in entry logs and kept journal
-files are reclaimed by ledger storage's compaction.
+3. **Space**: ledger storage deletes the entry logs (and releases the kept journal files)
+   that hold no entry of a ledger still in its index, and compacts the sparse ones when a
+   minor or major compaction is due (`LedgerStorage.collect_garbage`, compactor.py); an
+   operator's run forces a major compaction.
+
+Steps 1 and 2 drop ledgers from the index only; step 3 gives the disk space back.
 """
 
 from __future__ import annotations
@@ -205,13 +209,14 @@ class GarbageCollector:
             ):
                 await self._step(run, "over-replication", self._overreplication(run))
                 self._last_overreplication = started
+            await self._step(run, "space", self._reclaim(run, started, force_major=everything))
             run.seconds = self._clock() - started
             self._runs = [*self._runs[-(KEPT_RUNS - 1) :], run]
             self._metrics.runs.inc()
             self._metrics.last_run_seconds.set(run.seconds)
             log.info(
                 "bookie %s: GC run (%s) in %.2fs: %d tombstones read, %d ledgers deleted, "
-                "%d acknowledged%s%s",
+                "%d acknowledged%s; %d bytes reclaimed%s",
                 self._bookie_id,
                 trigger,
                 run.seconds,
@@ -224,6 +229,7 @@ class GarbageCollector:
                 )
                 if run.overreplication_checked
                 else "",
+                run.storage.get("reclaimed_bytes", 0),
                 f"; skipped: {'; '.join(run.skipped)}" if run.skipped else "",
             )
             return run
@@ -232,7 +238,7 @@ class GarbageCollector:
         """Run a step; a metadata error skips the rest of it, having deleted nothing more."""
         try:
             await work
-        except (TallyError, OSError) as error:
+        except (TallyError, OSError) as error:  # WriteFailed, a metadata store error
             self._metrics.skipped_steps.inc()
             run.skipped.append(f"{name}: {type(error).__name__}: {error}")
             log.warning(
@@ -309,6 +315,26 @@ class GarbageCollector:
         if trimmed_any:
             await self._checkpoint()
         self._report_orphans(run, orphans)
+
+    async def _reclaim(self, run: GcRun, now: float, *, force_major: bool) -> None:
+        report = await asyncio.to_thread(
+            self._storage.collect_garbage, now, force_major=force_major
+        )
+        if report.released_journal_files:
+            await self._checkpoint()  # the journal deletes released files at its release
+        run.storage = {
+            "compaction": report.compaction.value,
+            "finished": report.finished,
+            "suspended": report.suspended,
+            "deleted_entry_logs": list(report.deleted_entry_logs),
+            "released_journal_files": list(report.released_journal_files),
+            "compacted_entry_logs": list(report.compacted_entry_logs),
+            "compacted_journal_files": list(report.compacted_journal_files),
+            "reclaimed_bytes": report.reclaimed_bytes,
+            "moved_bytes": report.moved_bytes,
+            "compaction_bytes_per_second": round(report.compaction_bytes_per_second),
+            "failures": list(report.failures),
+        }
 
     def _held(self, ledger_id: LedgerId) -> Any:
         try:

@@ -69,6 +69,13 @@ def _summary(run: dict[str, Any]) -> str:
             f"; over-replication: {len(run['ledgers_trimmed'])} ledgers and "
             f"{run['entries_trimmed']} entries dropped, {len(run['orphans'])} orphans"
         )
+    storage = run["storage"]
+    if storage:
+        deleted, compacted = storage["deleted_entry_logs"], storage["compacted_entry_logs"]
+        text += (
+            f"; {storage['reclaimed_bytes']:,} bytes reclaimed ({len(deleted)} entry logs "
+            f"deleted, {len(compacted)} compacted)"
+        )
     if run["skipped"]:
         text += f"; skipped: {'; '.join(run['skipped'])}"
     return text
