@@ -7,7 +7,9 @@ on), one writer abandoned and its ledger recovered by a second client (which fen
 first), the auditor marking the lost bookie's ledgers and the replication worker copying
 them back to full replication, a replicas check finding nothing missing, every entry read
 back and compared byte for byte, an audit of the whole cluster on Spark (`tally audit
-snapshot` and `tally audit run`, with its HTML report), and `tally local stop`.
+snapshot` and `tally audit run`, with its HTML report), most ledgers deleted through the
+delete path and their disk space given back by the bookies' garbage collection (`tally
+shell deleteledger`, `tally shell triggergc`), and `tally local stop`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ REREPLICATION_TIMEOUT = 90.0
 (10 s by default) before the auditor sees it gone."""
 
 
+DEMO_BOOKIE_SETTINGS = {
+    "TALLY_BOOKIE_ENTRY_LOG_SIZE_LIMIT": str(256 << 10),
+    "TALLY_BOOKIE_FLUSH_INTERVAL": "1",
+}
+"""Entry logs of 256 KiB (1 GiB by default) and a checkpoint every second (a minute), so
+that a minute's data spans several entry logs and the space of deleted ledgers can come
+back before the demo ends."""
+KEPT_LEDGERS = 1
+"""Ledgers the demo does not delete at its end."""
+
+
 def payload(ledger: LedgerId, entry_id: int) -> bytes:
     """Deterministic bytes per entry, so the read-back can check every byte."""
     seed = hashlib.sha256(f"{ledger.qualified_name}/{entry_id}".encode()).digest()
@@ -78,6 +91,7 @@ def run(data_dir: Path | None = None) -> None:
         state = DataDir.at(root).require()
         ok = asyncio.run(_exercise(console, state, root))
         ok = _audit(console, state, root) and ok
+        ok = _delete_and_reclaim(console, state) and ok
     finally:
         _local_stop(console, root, supervisor)
     elapsed = time.monotonic() - started
@@ -101,6 +115,7 @@ def _local_up(console: Console, root: Path) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "tally.cli.main", "local", "up", "--bookies", str(BOOKIES),
          "--racks", str(RACKS), "--data-dir", str(root)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, **DEMO_BOOKIE_SETTINGS},
     )  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -133,11 +148,7 @@ def _audit(console: Console, state: LocalState, root: Path) -> bool:
         ("audit", "snapshot", "--metadata", state.metadata, "--out", str(snapshot)),
         ("audit", "run", "--snapshot", str(snapshot), "--out", str(report), "--master", "local[2]"),
     ):
-        console.print(f"$ tally {' '.join(args)}")
-        result = subprocess.run(
-            [sys.executable, "-m", "tally.cli.main", *args],
-            capture_output=True, text=True, check=False, timeout=300,
-        )  # fmt: skip
+        result = _tally(console, *args)
         console.print(result.stdout.rstrip(), markup=False, highlight=False)
         if result.returncode != 0:
             console.print(f"[bold red]tally {args[1]} failed[/]: {result.stderr.strip()[-2000:]}")
@@ -148,6 +159,65 @@ def _audit(console: Console, state: LocalState, root: Path) -> bool:
         "audit verdict: " + ("[green]no violation[/]" if clean else "[red]violations found[/]")
     )
     return bool(clean)
+
+
+def _tally(console: Console, *args: str, show: bool = True) -> subprocess.CompletedProcess[str]:
+    if show:
+        console.print(f"$ tally {' '.join(args)}")
+    return subprocess.run(
+        [sys.executable, "-m", "tally.cli.main", *args],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+
+
+def _entry_log_bytes(state: LocalState) -> dict[str, int]:
+    """Each bookie's entry logs' bytes on disk (its journal's preallocated files and its
+    index are about constant)."""
+    return {
+        slot.bookie_id: sum(
+            path.stat().st_blocks * 512
+            for path in (slot.data_dir / "ledgers" / "logs").glob("*.log")
+        )
+        for slot in state.bookies
+    }
+
+
+def _delete_and_reclaim(console: Console, state: LocalState) -> bool:
+    """Delete all but one ledger through the delete path; the bookies give the space back."""
+    console.print("\n[bold]Deleting[/]: ledgers deleted, their disk space given back")
+    metadata = ("--metadata", state.metadata)
+    listed = _tally(console, "shell", "listledgers", "--json", *metadata, show=False)
+    ledgers = [view["ledger_id"] for view in json.loads(listed.stdout or "[]")]
+    doomed = ledgers[KEPT_LEDGERS:]
+    # A throwaway cluster: no undelete window, so the tombstones are written at once.
+    steps: list[tuple[str, ...]] = [
+        ("cluster", "settings", *metadata, "--set", "ledger_delete_retention=0")
+    ]
+    steps += [("shell", "deleteledger", ledger, "--reason", "demo", *metadata) for ledger in doomed]
+    before = _entry_log_bytes(state)
+    for args in steps:
+        result = _tally(console, *args)
+        console.print(result.stdout.rstrip(), markup=False, highlight=False)
+        if result.returncode != 0:
+            console.print(f"[bold red]failed[/]: {result.stderr.strip()}")
+            return False
+    result = _tally(console, "shell", "triggergc", *metadata)
+    console.print(result.stdout.rstrip(), markup=False, highlight=False)
+    if result.returncode != 0:
+        console.print(f"[bold red]triggergc failed[/]: {result.stderr.strip()}")
+        return False
+    after = _entry_log_bytes(state)
+    table = Table(
+        "bookie",
+        "entry logs before",
+        "after",
+        title=f"{len(doomed)} of {len(ledgers)} ledgers deleted",
+    )
+    for bookie, size in before.items():
+        table.add_row(bookie, f"{size / 2**10:,.0f} KiB", f"{after[bookie] / 2**10:,.0f} KiB")
+    console.print(table)
+    held = [bookie for bookie, size in before.items() if size]
+    return bool(held) and all(after[bookie] < before[bookie] for bookie in held)
 
 
 def _local_stop(console: Console, root: Path, supervisor: subprocess.Popen[bytes]) -> None:
