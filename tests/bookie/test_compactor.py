@@ -648,22 +648,27 @@ async def journaled(
     return done
 
 
-def test_kept_journal_files_are_released_or_compacted(tmp_path: Path) -> None:
+DOOMED_ALONE = LedgerId(3, 3)
+
+
+def with_kept_entries(
+    tmp_path: Path,
+) -> tuple[
+    LedgerStorage,
+    dict[tuple[LedgerId, int], bytes],
+    list[tuple[LedgerId, int, bytes]],
+    list[JournalMark],
+]:
+    """Storage whose large entries stay in journal files of ~128 KiB: the first files mix
+    four ledgers, the next hold DOOMED_ALONE only, the last the checkpoint's mark."""
     entries = []
     for entry_id in range(12):
         for ledger_id in LEDGERS[:4]:
             entries.append((ledger_id, entry_id, body(ledger_id, entry_id, size=LARGE)))
-    doomed_alone = LedgerId(3, 3)
-    entries += [(doomed_alone, e, body(doomed_alone, e, size=LARGE)) for e in range(30)]
+    entries += [(DOOMED_ALONE, e, body(DOOMED_ALONE, e, size=LARGE)) for e in range(30)]
     entries.append((LEDGERS[0], 99, b"the checkpoint's mark is in the last file"))
     marks = asyncio.run(journaled(tmp_path / "journal", entries))
-    journal_dir = tmp_path / "journal"
-    storage = LedgerStorage(
-        tmp_path / "ledgers",
-        log_size_limit=LOG_SIZE,
-        journal_entries=JournalEntries(journal_dir),
-        disk_space=lambda: ROOMY,
-    )
+    storage = opened_with_journal(tmp_path)
     model = {}
     for (ledger_id, entry_id, data), mark in zip(entries, marks, strict=True):
         storage.add_entry(ledger_id, entry_id, crc32c(data), data, -1)
@@ -672,6 +677,22 @@ def test_kept_journal_files_are_released_or_compacted(tmp_path: Path) -> None:
             storage.keep_in_journal(ledger_id, entry_id, location)
         model[ledger_id, entry_id] = data
     storage.checkpoint(marks[-1].to_bytes())
+    return storage, model, entries, marks
+
+
+def opened_with_journal(tmp_path: Path) -> LedgerStorage:
+    return LedgerStorage(
+        tmp_path / "ledgers",
+        log_size_limit=LOG_SIZE,
+        journal_entries=JournalEntries(tmp_path / "journal"),
+        disk_space=lambda: ROOMY,
+    )
+
+
+def test_kept_journal_files_are_released_or_compacted(tmp_path: Path) -> None:
+    storage, model, entries, marks = with_kept_entries(tmp_path)
+    journal_dir = tmp_path / "journal"
+    doomed_alone = DOOMED_ALONE
     kept = storage.kept_journal_files()
     assert len(kept) >= 8
     assert counted(storage) == truth(storage)
@@ -710,6 +731,30 @@ def test_kept_journal_files_are_released_or_compacted(tmp_path: Path) -> None:
         storage.get_entry(doomed_alone, 0)
     with pytest.raises(NoSuchEntry):
         storage.get_entry(LEDGERS[0], 12)
+    storage.close()
+
+
+def test_kept_journal_files_written_before_counting_are_counted_by_a_scan(tmp_path: Path) -> None:
+    storage, model, _, _ = with_kept_entries(tmp_path)
+    delete(storage, model, [LEDGERS[1]])
+    storage.close()
+    forget_counts(tmp_path / "ledgers")
+    storage = opened_with_journal(tmp_path)
+    kept = storage.kept_journal_files()
+    unaccounted = storage._index.unaccounted_files()
+    assert unaccounted is not None
+    assert {file_id for kind, file_id in unaccounted if kind is FileKind.JOURNAL} == kept
+    storage.collect_garbage(time.time())
+    remaining = storage._index.unaccounted_files()
+    assert remaining is not None
+    assert {file_id for kind, file_id in remaining if kind is FileKind.JOURNAL} == {max(kept)}, (
+        "the file of the checkpoint's mark waits until a later mark"
+    )
+    present = set(storage._index.ledgers())
+    assert {key: size for key, size in counted(storage).items() if key[2] in present} == {
+        key: size for key, size in truth(storage).items() if key[:2] not in remaining
+    }
+    check_all(storage, model)
     storage.close()
 
 
