@@ -118,6 +118,8 @@ class BookieServer:
     settings: dict[str, str] = field(default_factory=dict)
     profile: Path | None = None
     """Run under cProfile (this file's --serve-profiled mode), dumping stats here at stop."""
+    program: tuple[str, ...] = ("tally.cli.main", "bookie")
+    """The module run with `python -m` (unprofiled), and its arguments before the options."""
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -140,7 +142,7 @@ class BookieServer:
             "--metrics-port", str(self.metrics_port),
         ]  # fmt: skip
         if self.profile is None:
-            command = [sys.executable, "-m", "tally.cli.main", "bookie", *arguments]
+            command = [sys.executable, "-m", *self.program, *arguments]
         else:
             command = [sys.executable, __file__, "--serve-profiled", str(self.profile), *arguments]
         environment = {**os.environ, **self.settings}

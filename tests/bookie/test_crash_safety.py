@@ -25,7 +25,6 @@ import asyncio
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +34,9 @@ import pytest
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, master_key
 from tally.core.entry_format import decode_entry, encode_entry
-from tally.core.errors import BookieUnavailable, TallyError
+from tally.core.errors import TallyError
 from tally.core.ids import LedgerId
+from tests.support.load import add_until_gone
 from tests.support.processes import BookieProcess, init_cluster
 
 SEED = int(os.environ.get("TALLY_CRASH_SEED", "4004"))
@@ -104,23 +104,11 @@ class Writer:
     async def run(self, address: str) -> None:
         """Add until the bookie goes away."""
         self.first_acknowledgement.clear()
-        connection = await BookieConnection.connect(address, request_timeout=10)
-        in_flight: deque[asyncio.Future[None]] = deque()
-        try:
-            while True:
-                while len(in_flight) >= WINDOW:
-                    try:
-                        await in_flight.popleft()
-                    except BookieUnavailable:
-                        return
-                in_flight.append(self._add(connection, self.rng.choice(self.ledgers)))
-                if len(in_flight) % 16 == 0:
-                    await asyncio.sleep(0)  # let answers in while the window fills
-        finally:
-            await connection.close()  # fails whatever is still in flight
-            for future in in_flight:
-                if future.done() and not future.cancelled():
-                    future.exception()  # retrieved: the loss is expected
+        await add_until_gone(
+            address,
+            lambda connection: self._add(connection, self.rng.choice(self.ledgers)),
+            WINDOW,
+        )
 
     def acknowledged(self) -> int:
         return sum(len(ledger.acknowledged) for ledger in self.ledgers)

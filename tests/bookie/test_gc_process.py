@@ -18,7 +18,6 @@ import asyncio
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +25,11 @@ from pathlib import Path
 import pytest
 
 from tally.client.bookie_connection import BookieConnection
-from tally.core.errors import BookieUnavailable, NoSuchEntry, NoSuchLedger, TallyError
+from tally.core.errors import NoSuchEntry, NoSuchLedger
 from tally.core.ids import LedgerId
 from tests.bookie.conftest import KEY, bookie_environment, entry
 from tests.support.gc_bookie import doom, passes, reports
+from tests.support.load import add_until_gone
 from tests.support.processes import BookieProcess, environment
 
 SEED = int(os.environ.get("TALLY_GC_CRASH_SEED", "1601"))
@@ -70,23 +70,9 @@ class Writer:
         for ledger_id in ledgers:
             self.acknowledged.setdefault(ledger_id, set())
             self.next_entry.setdefault(ledger_id, 0)
-        connection = await BookieConnection.connect(address, request_timeout=10)
-        in_flight: deque[asyncio.Future[None]] = deque()
-        try:
-            while True:
-                while len(in_flight) >= WINDOW:
-                    try:
-                        await in_flight.popleft()
-                    except (BookieUnavailable, TallyError):
-                        return
-                in_flight.append(self._add(connection, rng.choice(ledgers)))
-                if len(in_flight) % 16 == 0:
-                    await asyncio.sleep(0)
-        finally:
-            await connection.close()
-            for future in in_flight:
-                if future.done() and not future.cancelled():
-                    future.exception()
+        await add_until_gone(
+            address, lambda connection: self._add(connection, rng.choice(ledgers)), WINDOW
+        )
 
     def _add(self, connection: BookieConnection, ledger_id: LedgerId) -> asyncio.Future[None]:
         entry_id = self.next_entry[ledger_id]

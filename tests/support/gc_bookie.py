@@ -1,6 +1,7 @@
 """A bookie process whose garbage collection a test (or a benchmark) drives from files:
 
-    python -m tests.support.gc_bookie --metadata URI --data-dir DIR --listen HOST:PORT
+    python -m tests.support.gc_bookie --metadata URI --data-dir DIR --listen HOST:PORT \
+        [--metrics-port PORT]
 
 It runs a `Bookie` as `tally bookie` does (settings from TALLY_BOOKIE_* variables, the same
 "ready on" line), and beside it a loop standing in for the bookie's garbage collection
@@ -28,6 +29,7 @@ from tally.bookie.compactor import GcReport
 from tally.bookie.config import BookieConfig
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.server import Bookie
+from tally.cli.bookie import admin_http
 from tally.config import load
 from tally.core.errors import NoSuchLedger
 from tally.core.ids import LedgerId
@@ -65,20 +67,22 @@ def reports(data_dir: Path) -> list[dict[str, object]]:
     return found
 
 
-def passes(data_dir: Path) -> int:
-    """How many passes have started (from the test's side)."""
+def passes(data_dir: Path, forcing: str = "") -> int:
+    """How many passes have started (from the test's side); with `forcing`, how many of
+    them force that compaction."""
     path = data_dir / PASSES
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(1 for line in lines if not forcing or line == f"started {forcing}")
 
 
 def collect(storage: LedgerStorage, data_dir: Path) -> GcReport:
     """One pass of the stand-in GC thread (in a worker thread)."""
+    force = (data_dir / FORCE).read_text().strip() if (data_dir / FORCE).exists() else ""
     with (data_dir / PASSES).open("a") as file:
-        file.write("started\n")
+        file.write(f"started {force}\n")
     for ledger_id in doomed_ledgers(data_dir):
         with contextlib.suppress(NoSuchLedger):
             storage.delete_ledger(ledger_id)
-    force = (data_dir / FORCE).read_text().strip() if (data_dir / FORCE).exists() else ""
     report = storage.collect_garbage(
         time.time(), force_major=force == "major", force_minor=force == "minor"
     )
@@ -100,7 +104,7 @@ async def gc_loop(bookie: Bookie, data_dir: Path, interval: float) -> None:
 
 
 async def serve(config: BookieConfig, interval: float) -> None:
-    bookie = Bookie(config)
+    bookie = Bookie(config, admin_http=admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: loop.create_task(bookie.stop()))
@@ -115,6 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for option in ("--metadata", "--data-dir", "--listen"):
         parser.add_argument(option, required=True)
+    parser.add_argument("--metrics-port", type=int)
     arguments = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -126,6 +131,7 @@ def main() -> None:
             "metadata": arguments.metadata,
             "data_dir": Path(arguments.data_dir),
             "listen": arguments.listen,
+            "metrics_port": arguments.metrics_port,
         },
     )
     asyncio.run(serve(config, float(os.environ.get("TALLY_GC_INTERVAL", "0.2"))))

@@ -68,7 +68,7 @@ from tally.core.compaction import (
     FileUsage,
     plan_gc,
 )
-from tally.core.errors import EntryUnreadable, MalformedData
+from tally.core.errors import EntryUnreadable, IllegalOperation, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.replication import TokenBucket
 
@@ -281,67 +281,74 @@ class Compactor:
 
     def run(self, now: float, *, force_major: bool = False, force_minor: bool = False) -> GcReport:
         """Delete the files with no live entry and compact those that are due; see the
-        module docstring. `now` is wall-clock seconds (the compaction intervals')."""
+        module docstring. `now` is wall-clock seconds (the compaction intervals').
+
+        IllegalOperation if the storage closes meanwhile: the run stops where it is.
+        """
         with self._running:
-            started = self._clock()
-            snapshot = self._snapshot()
-            done = _Run()
-            longest = max(self.settings.minor_max_time, self.settings.major_max_time)
-            for file in sorted(self._unaccounted, key=_file_order):
-                if longest > 0 and self._clock() - started >= longest:
-                    break  # the next run counts the rest
-                if self._candidate(file, snapshot):
-                    self._account(file)
-            usages, ledgers = self._usages(snapshot)
-            times = self._times(now)
-            plan = plan_gc(
-                usages,
-                self.settings.policy,
-                times,
-                now,
-                self._disk_space(),
-                force_major=force_major,
-                force_minor=force_minor,
-            )
-            if plan.suspended:
-                log.warning("garbage collection: %s", plan.suspended)
-            finished = True
             try:
-                if plan.delete:
-                    self._index.sync()  # the deletes that made them dead are durable
-                for usage in plan.delete:
-                    self._delete(usage, done)
-                compaction_started = self._clock()
-                finished = self._compact_all(plan.compact, plan.compaction, ledgers, done)
-                done.compaction_seconds = self._clock() - compaction_started
+                return self._run(now, force_major, force_minor)
             except _Stopped:
-                finished = False
-            for usage in plan.no_room:
-                done.failures.append(
-                    f"{_describe(usage)} not compacted: its {usage.live_bytes} live bytes would "
-                    "not fit on the ledger disk now"
-                )
-            if plan.compaction is not CompactionKind.NONE and finished:
-                self._put_times(times.after(plan.compaction, now))
-            report = GcReport(
-                now=now,
-                seconds=self._clock() - started,
-                compaction=plan.compaction,
-                finished=finished,
-                suspended=plan.suspended,
-                deleted_entry_logs=tuple(done.deleted),
-                released_journal_files=tuple(done.released),
-                compacted_entry_logs=tuple(done.compacted[FileKind.ENTRY_LOG]),
-                compacted_journal_files=tuple(done.compacted[FileKind.JOURNAL]),
-                reclaimed_bytes=done.reclaimed_deletion + done.reclaimed_compaction,
-                moved_entries=done.moved_entries,
-                moved_bytes=done.moved_bytes,
-                compaction_seconds=done.compaction_seconds,
-                files=tuple(usages),
-                failures=tuple(done.failures),
+                raise IllegalOperation(
+                    "ledger storage is closing: garbage collection stopped"
+                ) from None
+
+    def _run(self, now: float, force_major: bool, force_minor: bool) -> GcReport:
+        started = self._clock()
+        snapshot = self._snapshot()
+        done = _Run()
+        longest = max(self.settings.minor_max_time, self.settings.major_max_time)
+        for file in sorted(self._unaccounted, key=_file_order):
+            if longest > 0 and self._clock() - started >= longest:
+                break  # the next run counts the rest
+            if self._candidate(file, snapshot):
+                self._account(file)
+        usages, ledgers = self._usages(snapshot)
+        times = self._times(now)
+        plan = plan_gc(
+            usages,
+            self.settings.policy,
+            times,
+            now,
+            self._disk_space(),
+            force_major=force_major,
+            force_minor=force_minor,
+        )
+        if plan.suspended:
+            log.warning("garbage collection: %s", plan.suspended)
+        if plan.delete:
+            self._index.sync()  # the deletes that made them dead are durable
+        for usage in plan.delete:
+            self._delete(usage, done)
+        compaction_started = self._clock()
+        finished = self._compact_all(plan.compact, plan.compaction, ledgers, done)
+        done.compaction_seconds = self._clock() - compaction_started
+        for usage in plan.no_room:
+            done.failures.append(
+                f"{_describe(usage)} not compacted: its {usage.live_bytes} live bytes would "
+                "not fit on the ledger disk now"
             )
-            self._count(report, done)
-            return report
+        if plan.compaction is not CompactionKind.NONE and finished:
+            self._put_times(times.after(plan.compaction, now))
+        report = GcReport(
+            now=now,
+            seconds=self._clock() - started,
+            compaction=plan.compaction,
+            finished=finished,
+            suspended=plan.suspended,
+            deleted_entry_logs=tuple(done.deleted),
+            released_journal_files=tuple(done.released),
+            compacted_entry_logs=tuple(done.compacted[FileKind.ENTRY_LOG]),
+            compacted_journal_files=tuple(done.compacted[FileKind.JOURNAL]),
+            reclaimed_bytes=done.reclaimed_deletion + done.reclaimed_compaction,
+            moved_entries=done.moved_entries,
+            moved_bytes=done.moved_bytes,
+            compaction_seconds=done.compaction_seconds,
+            files=tuple(usages),
+            failures=tuple(done.failures),
+        )
+        self._count(report, done)
+        return report
 
     def _times(self, now: float) -> CompactionTimes:
         """The last compactions' times; the first run ever starts the intervals."""

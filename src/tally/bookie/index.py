@@ -195,6 +195,15 @@ def _bounded(upper: bytes) -> rocksdict.ReadOptions:
     return options
 
 
+def _unpacked(raw: bytes, layout: struct.Struct, what: str) -> list[tuple[int, ...]]:
+    if len(raw) % layout.size:
+        raise EntryUnreadable(
+            f"index: the {what} take {len(raw)} bytes, not a multiple of {layout.size}: "
+            "the index is damaged"
+        )
+    return list(layout.iter_unpack(raw))
+
+
 def _location(raw: bytes, ledger_id: LedgerId, entry_id: int) -> Location | JournalLocation:
     if len(raw) == _LOCATION.size:
         return Location._make(_LOCATION.unpack(raw))
@@ -400,18 +409,15 @@ class Index:
 
     def _packed(self, key: bytes, layout: struct.Struct, what: str) -> list[tuple[int, ...]]:
         """The fixed-size records packed under meta `key` (none if it is absent)."""
+        raw = self._meta(key, what)
+        return [] if raw is None else _unpacked(raw, layout, what)
+
+    def _meta(self, key: bytes, what: str) -> bytes | None:
         try:
             raw = self._meta_db.get(key)
         except Exception as error:
             raise EntryUnreadable(f"index: cannot read the {what}: {error}") from error
-        if raw is None:
-            return []
-        if len(raw) % layout.size:
-            raise EntryUnreadable(
-                f"index: the {what} take {len(raw)} bytes, not a multiple of {layout.size}: "
-                "the index is damaged"
-            )
-        return list(layout.iter_unpack(raw))
+        return None if raw is None else bytes(raw)
 
     def usage(self, kind: FileKind, file_id: int, ledger_id: LedgerId) -> int | None:
         """The bytes the ledger has in the file, as counted (None: no count)."""
@@ -455,28 +461,21 @@ class Index:
     def unaccounted_files(self) -> set[FileKey] | None:
         """The files written before usage was counted; None if it never was (an index of an
         earlier version, or a new one)."""
-        try:
-            raw = self._meta_db.get(_UNACCOUNTED_FILES)
-        except Exception as error:
-            raise EntryUnreadable(f"index: cannot read the unaccounted files: {error}") from error
+        what = "unaccounted files"
+        raw = self._meta(_UNACCOUNTED_FILES, what)
         if raw is None:
             return None
         return {
-            (_KINDS_BY_CODE[code], file_id)
-            for code, file_id in self._packed(_UNACCOUNTED_FILES, _UNACCOUNTED, "unaccounted files")
+            (_KINDS_BY_CODE[code], file_id) for code, file_id in _unpacked(raw, _UNACCOUNTED, what)
         }
 
     def compaction_times(self) -> CompactionTimes | None:
-        try:
-            raw = self._meta_db.get(_COMPACTION_TIMES)
-        except Exception as error:
-            raise EntryUnreadable(f"index: cannot read the compaction times: {error}") from error
+        what = "compaction times"
+        raw = self._meta(_COMPACTION_TIMES, what)
         if raw is None:
             return None
         if len(raw) != _TIMES.size:
-            raise EntryUnreadable(
-                f"index: the compaction times take {len(raw)} bytes, not {_TIMES.size}"
-            )
+            raise EntryUnreadable(f"index: the {what} take {len(raw)} bytes, not {_TIMES.size}")
         return CompactionTimes(*_TIMES.unpack(raw))
 
     def ledger_locations(
@@ -510,11 +509,7 @@ class Index:
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""
-        try:
-            raw = self._meta_db.get(_JOURNAL_MARK)
-        except Exception as error:
-            raise EntryUnreadable(f"index: cannot read the journal mark: {error}") from error
-        return None if raw is None else bytes(raw)
+        return self._meta(_JOURNAL_MARK, "journal mark")
 
     # -- writes ---------------------------------------------------------------------
 

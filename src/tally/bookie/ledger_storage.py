@@ -102,6 +102,9 @@ LAST_ENTRY = -1
 read, which answers with the last entry stored)."""
 MAX_ENTRY_ID = 2**63 - 1
 DEFAULT_AVAILABILITY_BATCH = 1000
+MOVED_READS = 4
+"""Reads of an entry that compaction keeps moving away between look-up and read, before
+EntryUnreadable (each move takes a compaction of the file it went to)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,18 +338,18 @@ class LedgerStorage:
             return stored
         try:
             location = self._index.location(ledger_id, entry_id)
-            if location is not None:
+            for attempt in range(MOVED_READS):
+                if location is None:
+                    break
                 try:
                     return self._read(location, ledger_id, entry_id)
                 except EntryUnreadable:
                     # Garbage collection may have moved the entry and deleted its file since
                     # the look-up: the index then says where it is now (or that it is gone).
                     moved = self._index.location(ledger_id, entry_id)
-                    if moved == location:
+                    if moved == location or attempt == MOVED_READS - 1:
                         raise
                     location = moved
-                if location is not None:
-                    return self._read(location, ledger_id, entry_id)
         except EntryUnreadable:
             with self._lock:
                 self._counters.read_errors += 1
