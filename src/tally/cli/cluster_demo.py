@@ -207,6 +207,8 @@ def _delete_and_reclaim(console: Console, state: LocalState) -> bool:
         console.print(f"[bold red]triggergc failed[/]: {result.stderr.strip()}")
         return False
     after = _entry_log_bytes(state)
+    listed = _tally(console, "shell", "listbookies", "--json", *metadata, show=False)
+    running = {view["bookie_id"] for view in json.loads(listed.stdout or "[]")}
     table = Table(
         "bookie",
         "entry logs before",
@@ -214,9 +216,10 @@ def _delete_and_reclaim(console: Console, state: LocalState) -> bool:
         title=f"{len(doomed)} of {len(ledgers)} ledgers deleted",
     )
     for bookie, size in before.items():
-        table.add_row(bookie, f"{size / 2**10:,.0f} KiB", f"{after[bookie] / 2**10:,.0f} KiB")
+        note = "" if bookie in running else " (down: its GC runs when it is back)"
+        table.add_row(bookie, f"{size / 2**10:,.0f} KiB", f"{after[bookie] / 2**10:,.0f} KiB{note}")
     console.print(table)
-    held = [bookie for bookie, size in before.items() if size]
+    held = [bookie for bookie, size in before.items() if size and bookie in running]
     return bool(held) and all(after[bookie] < before[bookie] for bookie in held)
 
 
