@@ -43,9 +43,10 @@ import shutil
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from tally.bookie.entry_log import EntryLog, Location, log_file_name
 from tally.bookie.index import FileKey, Index, UsageKey
@@ -74,10 +75,14 @@ from tally.core.replication import TokenBucket
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CHUNK_BYTES = 4 << 20
 """Bytes of records copied per hold of the maintenance lock (and per fdatasync)."""
 CHUNK_RECORDS = 8192
 """... and records, which bound the index look-ups made under it."""
+YIELD_EVERY = 16
+"""Records handled between two chances for the bookie's other threads to take the GIL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +479,7 @@ class Compactor:
         counts: dict[LedgerId, int] = defaultdict(int)
         try:
             complete = True
-            for record in self._records(file):
+            for record in _yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) == record.origin:
                     counts[record.ledger_id] += usage_of(record.origin)[2]
         except (EntryUnreadable, MalformedData, OSError) as error:
@@ -625,7 +630,7 @@ class Compactor:
         moved_before = done.moved_bytes
         problem = None
         try:
-            for record in self._records(file):
+            for record in _yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue
                 chunk.append(record)
@@ -684,12 +689,12 @@ class Compactor:
             self._check_running()
             copies = [
                 self._log.append(record.ledger_id, record.entry_id, record.crc32c, record.data)
-                for record in records
+                for record in _yielding(records)
             ]
             self._log.flush()
             batch = self._index.batch()
             deltas: dict[UsageKey, int] = defaultdict(int)
-            for record, copy in zip(records, copies, strict=True):
+            for record, copy in _yielding(zip(records, copies, strict=True)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue  # re-added or deleted meanwhile: the copy is garbage
                 batch.put_location(record.ledger_id, record.entry_id, copy)
@@ -728,6 +733,16 @@ class Compactor:
             stats.moved_entries += report.moved_entries
             stats.moved_bytes += report.moved_bytes
             stats.last_files = report.files
+
+
+def _yielding(items: Iterable[T]) -> Iterator[T]:
+    """`items`, letting go of the GIL every YIELD_EVERY of them. The event loop's thread and
+    the journal's threads otherwise wait for it up to the interpreter's switch interval
+    (5 ms) at each of an add's hand-overs while compaction runs Python loops."""
+    for count, item in enumerate(items, 1):
+        if count % YIELD_EVERY == 0:
+            time.sleep(0)
+        yield item
 
 
 def _file_order(file: FileKey) -> tuple[str, int]:
