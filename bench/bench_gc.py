@@ -8,12 +8,14 @@ same run (issue 16):
   4 MiB, from a cold cache too). Goal >= 0.5. 100-byte entries as a diagnostic: there the
   per-entry work, not the disk, is the limit;
 - space back after deletes: a bookie process (tests/support/gc_bookie.py, which stands in
-  for the bookie's GC thread: it deletes the ledgers listed in a file and runs
-  `collect_garbage` every 0.2 s) takes >= 1 GiB of 4 KiB and 64 KiB entries over 20
-  ledgers (the 64 KiB ones stay in the journal); 18 of the 20 ledgers are then deleted and
-  major compaction forced: the time until the entry logs and journal files take at most
-  1.25 x the live bytes, beside the time the disk needs at least to read what was written
-  and write the live bytes once at its raw rates;
+  for the bookie's GC thread: it deletes the ledgers listed in a file, runs
+  `collect_garbage` every 0.2 s and lets the journal delete the files it released) takes
+  >= 1 GiB of 4 KiB and 64 KiB entries over 20 ledgers (the 64 KiB ones stay in the
+  journal); 18 of the 20 ledgers are then deleted and major compaction forced: the time
+  until the entry logs and journal files take at most 1.25 x the live bytes, beside the
+  time the disk needs at least to read what was written and write the live bytes once at
+  its raw rates. The journal files written since the last checkpoint can only go once the
+  next checkpoint (every `flush_interval`, 60 s) has indexed their entries;
 - adds during compaction: 100-byte adds/s (pipelined, 1,000 in flight) and the p99 latency
   of a paced 1,000 adds/s, on a bookie process compacting ~half-live logs, against the same
   loads on the same bookie with no compaction running. Goal >= 0.7 of the adds/s.
