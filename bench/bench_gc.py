@@ -40,7 +40,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench_bookie import KEY, BookieServer, init_metadata, paced, pipelined, running
+from bench_bookie import (
+    KEY,
+    BookieServer,
+    cpu_pressure,
+    init_metadata,
+    paced,
+    pipelined,
+    running,
+)
 from bench_journal import drop_cache, quantile, raw_read
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.bookie_connection import BookieConnection
@@ -299,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         f"scratch {scratch} (device {os.stat(scratch).st_dev:#x}), python "
         f"{sys.version.split()[0]}, {os.cpu_count()} cores, {total // MIB} MiB per figure"
     )
-    figures: dict[str, float] = {}
+    figures: dict[str, float] = {"cpu_pressure_before_pct": cpu_pressure()}
     try:
         for size, name in ((64 * KIB, "64k"), (4 * KIB, "4k"), (100, "100b")):
             amount = total if size > 100 else min(total, 64 * MIB)
@@ -308,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         metadata = init_metadata(scratch)
         figures.update(space_back(metadata, scratch, total))
         figures.update(adds_during_compaction(metadata, scratch, total))
+        figures["cpu_pressure_after_pct"] = cpu_pressure()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(figures)
@@ -315,6 +324,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 
 def print_table(figures: dict[str, float]) -> None:
+    print(
+        f"\nCPU pressure (PSI some, avg60): {figures['cpu_pressure_before_pct']:.0f}% before, "
+        f"{figures['cpu_pressure_after_pct']:.0f}% after (0: the machine was ours)"
+    )
     print("| figure | measured | physical reference (same run) | ratio | goal |")
     print("|---|---|---|---|---|")
     for name, what in (("64k", "64 KiB"), ("4k", "4 KiB"), ("100b", "100 B (diagnostic)")):
