@@ -8,8 +8,10 @@ It runs a `Bookie` as `tally bookie` does (settings from TALLY_BOOKIE_* variable
 thread: every `TALLY_GC_INTERVAL` seconds (default 0.2) it deletes from ledger storage the
 ledgers listed in `DIR/doomed-ledgers` (lines "scope id") that it still holds, then runs
 `LedgerStorage.collect_garbage`, forcing the compaction named in `DIR/gc-force` if that file
-exists ("major" or "minor"), and appends the report to `DIR/gc-reports.jsonl` (and a line to
-`DIR/gc-passes` as each pass starts, so that a test can tell whether one was running).
+exists ("major" or "minor"), lets the journal delete the journal files the run released
+(rather than wait for the next checkpoint's release), and appends the report to
+`DIR/gc-reports.jsonl` (and a line to `DIR/gc-passes` as each pass starts, so that a test
+can tell whether one was running).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from tally.bookie.compactor import GcReport
 from tally.bookie.config import BookieConfig
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.journal_format import JournalMark
 from tally.bookie.server import Bookie
 from tally.cli.bookie import admin_http
 from tally.config import load
@@ -75,8 +77,9 @@ def passes(data_dir: Path, forcing: str = "") -> int:
     return sum(1 for line in lines if not forcing or line == f"started {forcing}")
 
 
-def collect(storage: LedgerStorage, data_dir: Path) -> GcReport:
+def collect(bookie: Bookie, data_dir: Path) -> GcReport:
     """One pass of the stand-in GC thread (in a worker thread)."""
+    storage = bookie.storage
     force = (data_dir / FORCE).read_text().strip() if (data_dir / FORCE).exists() else ""
     with (data_dir / PASSES).open("a") as file:
         file.write(f"started {force}\n")
@@ -86,6 +89,13 @@ def collect(storage: LedgerStorage, data_dir: Path) -> GcReport:
     report = storage.collect_garbage(
         time.time(), force_major=force == "major", force_minor=force == "minor"
     )
+    mark = storage.last_checkpoint_mark()
+    if (report.released_journal_files or report.compacted_journal_files) and mark:
+        # What the checkpoint does after its index write: the files before the index's
+        # mark that the index no longer points into go (the same files, or fewer).
+        bookie.journal.release_before(
+            JournalMark.from_bytes(mark), keep=storage.kept_journal_files()
+        )
     record = dataclasses.asdict(report)
     record["compaction"] = report.compaction.value
     record["files"] = [(f.kind.value, f.file_id, f.total_bytes, f.live_bytes) for f in report.files]
@@ -98,7 +108,7 @@ async def gc_loop(bookie: Bookie, data_dir: Path, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            await asyncio.to_thread(collect, bookie.storage, data_dir)
+            await asyncio.to_thread(collect, bookie, data_dir)
         except Exception:
             log.exception("garbage collection failed")
 

@@ -30,13 +30,13 @@ Threads. The bookie calls everything from its event loop thread except `checkpoi
 `delete_ledger` and `forget_entries`, which it runs in one worker thread (they hold
 `_maintenance` for their whole run, so they never overlap), and `collect_garbage`, which
 runs in a thread of its own and holds `_maintenance` a bounded chunk at a time
-(compactor.py). One short lock, `_lock`, guards
-the caches and the ledger states: an add holds it for a few dict operations; a checkpoint
-for the swap, for encoding the changed states, and for the index write plus the drop of
-the old cache, so a reader sees an entry either in a cache or in the index, never in
-neither. rocksdict holds the GIL during that write anyway, so the lock costs the event loop
-nothing more. The entry log append, its fdatasync and the index sync run without it.
-Called on the event loop, the maintenance calls would block it for up to a checkpoint.
+(compactor.py). One short lock, `_lock`, guards the caches and the ledger states: an add
+holds it for a few dict operations; a checkpoint for the swap, for encoding the changed
+states, and for the index write plus the drop of the old cache, so a reader sees an entry
+either in a cache or in the index, never in neither. rocksdict holds the GIL during that
+write anyway, so the lock costs the event loop nothing more. The entry log append, its
+fdatasync and the index sync run without it. Called on the event loop, the maintenance
+calls would block it for up to a checkpoint.
 
 Memory: the write caches, and the state (a few hundred bytes) of every ledger touched since
 start-up. An AVAILABILITY_DUMP holds one ledger's entry ids at a time.
