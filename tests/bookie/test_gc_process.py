@@ -177,7 +177,7 @@ async def crash_rounds(bookie: BookieProcess) -> None:
         previous = ledgers
     await asyncio.to_thread(bookie.start)
     checked = await verify(bookie.address, writer, doomed, f"seed {SEED}, at the end")
-    assert checked > 1000
+    assert checked > 200  # not a vacuous run; how many depends on the machine's speed
     connection = await BookieConnection.connect(bookie.address, request_timeout=30)
     try:
         for ledger_id in sorted(doomed)[:3]:
