@@ -17,6 +17,7 @@ import gc
 import logging
 import shutil
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -83,6 +84,9 @@ class Bookie:
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
         self._gc: GarbageCollector | None = None
+        self._checkpointing = threading.Lock()
+        """Held by a checkpoint from taking its mark to the journal's release: two at once
+        could write an older mark after the newer one's release deleted its journal file."""
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[BookieConnectionHandler] = set()
         self._stopping = False
@@ -355,9 +359,10 @@ class Bookie:
 
         Every durable record was applied to storage before it was journaled, so the
         mark never covers something storage lacks."""
-        mark = self.journal.last_mark()
-        self.storage.checkpoint(mark.to_bytes())
-        self.journal.release_before(mark, keep=self.storage.kept_journal_files())
+        with self._checkpointing:  # the loop's and the GC's: a mark never goes back
+            mark = self.journal.last_mark()
+            self.storage.checkpoint(mark.to_bytes())
+            self.journal.release_before(mark, keep=self.storage.kept_journal_files())
 
     async def _disk_loop(self) -> None:
         """Check the disks, and register the mode whenever it differs from the registered
