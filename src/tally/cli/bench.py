@@ -27,6 +27,7 @@ DESCRIPTIONS = {
     "index_engines": "rocksdict vs lmdb vs plyvel for the entry index (needs them installed)",
     "metadata": "ledger metadata create/read/CAS on sqlite and ZooKeeper; 1M-ledger iteration",
     "bookie": "one bookie: 64 KiB MB/s, 100 B adds/s, p99 at 1,000/s, restart time",
+    "gc": "garbage collection: compaction MB/s, space back after deletes, adds meanwhile",
     "client": "three bookies and a client: adds/s, MB/s, latency, open-with-recovery",
     "raw_socket": "the machine's raw framed request/reply rate and loopback MB/s",
     "replicas_check": "the online replicas check: ledgers/s over 10,000 closed ledgers",
