@@ -19,7 +19,6 @@ from tally.client.context import ClientContext
 from tally.client.reader import EntryFetcher, FetchedEntry
 from tally.client.recovery import recover
 from tally.core.answers import Copy
-from tally.core.availability import EntryAvailability
 from tally.core.digest import LedgerKeys
 from tally.core.errors import (
     MetadataVersionConflict,
@@ -189,24 +188,15 @@ class LedgerRepair:
         available = await self.context.registry.available_bookies()
         registered = available.writable | available.read_only
         asked = sorted(record.metadata.bookies() & registered)
-        answers = await asyncio.gather(*(self._availability(bookie) for bookie in asked))
+        answers = await asyncio.gather(
+            *(self.context.availability(bookie, self.ledger_id) for bookie in asked)
+        )
         availability = {
             bookie: found for bookie, found in zip(asked, answers, strict=True) if found is not None
         }
         return plan_replication(
             record.metadata, self.lock.mark.missing_bookies, registered, availability
         )
-
-    async def _availability(self, bookie: str) -> EntryAvailability | None:
-        try:
-            connection = await self.context.bookies.get(bookie)
-            async with asyncio.timeout(self.context.config.read_timeout):
-                return await connection.get_list_of_entries(self.ledger_id)
-        except NoSuchLedger:
-            return EntryAvailability.empty()
-        except (TallyError, TimeoutError) as error:
-            log.info("ledger %s: no availability from bookie %s: %s", self.name, bookie, error)
-            return None
 
     async def _recover(self, record: LedgerRecord, plan: ReplicationPlan) -> LedgerRecord:
         """Fence and close the ledger, unless its writer changes its metadata first."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import time
 from collections.abc import Collection, Sequence
@@ -9,6 +11,9 @@ from dataclasses import dataclass, field
 
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
+from tally.core.availability import EntryAvailability
+from tally.core.errors import NoSuchLedger, TallyError
+from tally.core.ids import LedgerId
 from tally.core.placement import (
     DEFAULT_RACK,
     BookieQuarantine,
@@ -19,6 +24,8 @@ from tally.core.placement import (
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.underreplication import UnderReplicationManager
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +47,19 @@ class ClientContext:
 
     def bookie_failed(self, bookie: str) -> None:
         self.quarantine.add(bookie, time.monotonic())
+
+    async def availability(self, bookie: str, ledger_id: LedgerId) -> EntryAvailability | None:
+        """What `bookie` holds of the ledger (empty when it knows none of it); None when it
+        did not answer within read_timeout: unknown, never nothing."""
+        try:
+            connection = await self.bookies.get(bookie)
+            async with asyncio.timeout(self.config.read_timeout):
+                return await connection.get_list_of_entries(ledger_id)
+        except NoSuchLedger:
+            return EntryAvailability.empty()
+        except (TallyError, TimeoutError) as error:
+            log.info("ledger %s: no availability from bookie %s: %s", ledger_id, bookie, error)
+            return None
 
     async def new_ensemble(
         self, ensemble_size: int, write_quorum: int, ack_quorum: int

@@ -12,9 +12,8 @@ import asyncio
 
 from tally.client.context import ClientContext
 from tally.client.recovery import recover
-from tally.core.availability import EntryAvailability
 from tally.core.digest import LedgerKeys
-from tally.core.errors import NoSuchLedger, TallyError, Unauthorized
+from tally.core.errors import Unauthorized
 from tally.core.replicas_decisions import bookies_to_ask, checkable, describe, judge_ledger
 from tally.metadata.deletion import Recover
 from tally.metadata.ledger_manager import LedgerRecord
@@ -26,7 +25,7 @@ async def check_before_delete(context: ClientContext, record: LedgerRecord) -> t
     if not checkable(metadata):
         return 0, "nothing to check: the ledger has no entries"
     bookies = sorted(bookies_to_ask(metadata))
-    held = await asyncio.gather(*(_entries_on(context, b, record) for b in bookies))
+    held = await asyncio.gather(*(context.availability(b, record.ledger_id) for b in bookies))
     answers = {b: entries for b, entries in zip(bookies, held, strict=True) if entries is not None}
     judgement = judge_ledger(metadata, answers)
     missing = sum(len(finding.missing) for finding in judgement.durability.findings)
@@ -36,18 +35,6 @@ async def check_before_delete(context: ClientContext, record: LedgerRecord) -> t
     if missing:
         return missing, f"{missing} copies missing: {verdict}"
     return 0, f"every entry on its {metadata.write_quorum} bookies: {verdict}"
-
-
-async def _entries_on(
-    context: ClientContext, bookie: str, record: LedgerRecord
-) -> EntryAvailability | None:
-    try:
-        connection = await context.bookies.get(bookie)
-        return await connection.get_list_of_entries(record.ledger_id)
-    except NoSuchLedger:
-        return EntryAvailability.empty()
-    except TallyError:
-        return None
 
 
 def recovery_for_delete(context: ClientContext, password: bytes | None) -> Recover:
