@@ -35,6 +35,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
 from tally.core.garbage_collection import (
     TombstoneAction,
@@ -336,7 +337,7 @@ class GarbageCollector:
             "failures": list(report.failures),
         }
 
-    def _held(self, ledger_id: LedgerId) -> Any:
+    def _held(self, ledger_id: LedgerId) -> EntryAvailability | None:
         try:
             return self._storage.availability(ledger_id)
         except NoSuchLedger:
