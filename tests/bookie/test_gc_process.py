@@ -1,7 +1,8 @@
-"""Garbage collection in a real bookie process (tests/support/gc_bookie.py stands in for the
-bookie's GC thread): SIGKILLed again and again while it deletes and compacts under a write
-load, it loses no acknowledged entry; and once most ledgers are deleted, its disk usage
-comes back to within a small factor of its live bytes.
+"""Garbage collection in a real bookie process, through the real path (tombstones made by
+the delete path, the bookie's GC thread on a short timer, compaction due at every run):
+SIGKILLed again and again while it deletes and compacts under a write load, it loses no
+acknowledged entry; and once most ledgers are deleted, its disk usage comes back to within
+a small factor of its live bytes.
 
 Each round writes a new generation of ledgers, pipelined, with entries from 100 bytes to
 40 KiB (those of 16 KiB and more stay in the journal: kept journal files are compacted too),
@@ -25,12 +26,18 @@ from pathlib import Path
 import pytest
 
 from tally.client.bookie_connection import BookieConnection
+from tally.core.deletion import ClusterSettings
 from tally.core.errors import NoSuchEntry, NoSuchLedger
 from tally.core.ids import LedgerId
-from tests.bookie.conftest import KEY, bookie_environment, entry
-from tests.support.gc_bookie import doom, passes, reports
+from tally.metadata import deletion
+from tally.metadata.cluster_settings import write_settings
+from tally.metadata.ledger_manager import LedgerManager
+from tally.metadata.tombstones import read_tombstone
+from tests.bookie.conftest import KEY, BookieUnderTest, entry, sample
+from tests.support.cluster import store_session
+from tests.support.ledgers import open_ledger
 from tests.support.load import add_until_gone
-from tests.support.processes import BookieProcess, environment
+from tests.support.polling import until
 
 SEED = int(os.environ.get("TALLY_GC_CRASH_SEED", "1601"))
 ROUNDS = 8
@@ -44,8 +51,13 @@ SETTINGS = {
     "journal_file_size": 2 << 20,
     "journal_preallocate_size": 1 << 20,
     "entry_log_size_limit": 1 << 20,
-    "session_timeout": 2,
     "keep_large_entries_in_journal": True,
+    # GC every 0.1 s, each run compacting every file with a dead byte or more.
+    "gc_wait_time": 0.1,
+    "minor_compaction_threshold": 0.5,
+    "minor_compaction_interval": 0.1,
+    "major_compaction_threshold": 0.99,
+    "major_compaction_interval": 0.1,
 }
 
 
@@ -111,93 +123,121 @@ async def verify(address: str, writer: Writer, doomed: set[LedgerId], where: str
     return checked
 
 
-async def moved_since(data_dir: Path, seen: int, timeout: float) -> bool:
-    """Wait until a report after the first `seen` says a compaction moved entries."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(int(report["moved_entries"]) > 0 for report in reports(data_dir)[seen:]):  # type: ignore[call-overload]
-            return True
-        await asyncio.sleep(0.01)
-    return False
+async def create(uri: str, bookie: str, ledgers: list[LedgerId]) -> None:
+    """Their metadata: open, on this one bookie."""
+    async with store_session(uri) as store:
+        for ledger_id in ledgers:
+            await LedgerManager(store).create_ledger_metadata(ledger_id, open_ledger([bookie], 1))
+
+
+async def close_and_delete(
+    uri: str, writer: Writer, closing: list[LedgerId], dooming: set[LedgerId]
+) -> None:
+    """Close the ledgers of a finished generation and delete some through the delete path
+    (retention 0: a tombstone at once)."""
+    async with store_session(uri) as store:
+        await write_settings(store, ClusterSettings(ledger_delete_retention=0))
+        ledgers = LedgerManager(store)
+        for ledger_id in closing:
+            last = max(writer.acknowledged[ledger_id], default=-1)
+            await ledgers.update(ledger_id, lambda m, last=last: m.close(last, last + 1))
+            if ledger_id in dooming:
+                await deletion.delete_ledger(ledgers, ledger_id, reason="test", now_ms=0)
+
+
+async def acknowledged_by_all(uri: str, ledgers: set[LedgerId]) -> bool:
+    async with store_session(uri) as store:
+        for ledger_id in ledgers:
+            found = await read_tombstone(store, ledger_id)
+            if found is not None and found.tombstone.pending:
+                return False
+    return True
 
 
 @pytest.fixture
-def gc_bookie(cluster: str, tmp_path: Path) -> Iterator[BookieProcess]:
-    process = BookieProcess(cluster, tmp_path / "bookie", program=("tests.support.gc_bookie",))
-    process.data_dir.mkdir(parents=True)
-    (process.data_dir / "gc-force").write_text("major")
+def gc_bookie(cluster: str, tmp_path: Path) -> Iterator[BookieUnderTest]:
+    process = BookieUnderTest(cluster, tmp_path / "bookie", settings=dict(SETTINGS))
     try:
-        with environment({**bookie_environment(SETTINGS), "TALLY_GC_INTERVAL": "0.1"}):
-            yield process
+        yield process
     finally:
         process.kill()
 
 
 @pytest.mark.timeout(180)
 def test_sigkill_during_compaction_under_a_write_load_loses_no_acknowledged_entry(
-    gc_bookie: BookieProcess,
+    gc_bookie: BookieUnderTest,
 ) -> None:
     asyncio.run(crash_rounds(gc_bookie))
 
 
-async def crash_rounds(bookie: BookieProcess) -> None:
+async def crash_rounds(bookie: BookieUnderTest) -> None:
     rng = random.Random(SEED)
     writer = Writer()
     doomed: set[LedgerId] = set()
     previous: list[LedgerId] = []
-    moved_before_kill = mid_pass = 0
+    moved_before_kill = mid_run = 0
     for round_number in range(1, ROUNDS + 1):
         where = f"seed {SEED} (TALLY_GC_CRASH_SEED), round {round_number}"
         await asyncio.to_thread(bookie.start)
-        seen = len(reports(bookie.data_dir))
         try:
             checked = await verify(bookie.address, writer, doomed, where)
         except AssertionError as error:
             raise AssertionError(f"{error}\n--- bookie log ---\n{bookie.log()}") from error
-        dooming = previous[SURVIVORS_PER_ROUND:]
-        doom(bookie.data_dir, dooming)
-        doomed.update(dooming)
+        dooming = set(previous[SURVIVORS_PER_ROUND:])
+        await close_and_delete(bookie.metadata, writer, previous, dooming)
+        doomed |= dooming
         ledgers = [LedgerId(round_number, number) for number in range(1, LEDGERS_PER_ROUND + 1)]
+        await create(bookie.metadata, bookie.address, ledgers)
         writing = asyncio.create_task(
             writer.run(bookie.address, ledgers, random.Random(rng.random()))
         )
-        moved = await moved_since(bookie.data_dir, seen, timeout=15)
+        moved = await moved_entries(bookie, timeout=15)
         moved_before_kill += moved
         await asyncio.sleep(rng.uniform(0, 0.15))
+        in_run = sample(await asyncio.to_thread(bookie.metrics), "bookie_gc_running") == 1
         bookie.kill()
-        in_pass = passes(bookie.data_dir) > len(reports(bookie.data_dir))
-        mid_pass += in_pass
+        mid_run += in_run
         await asyncio.wait_for(writing, 30)
         acknowledged = sum(len(writer.acknowledged[ledger]) for ledger in ledgers)
         print(
             f"{where}: {checked} entries read back, {acknowledged} adds acknowledged, killed "
             f"{'after a compaction moved entries' if moved else 'with nothing compacted'}, "
-            f"{'in' if in_pass else 'between'} garbage collection passes"
+            f"{'in' if in_run else 'between'} garbage collection runs"
         )
         previous = ledgers
     await asyncio.to_thread(bookie.start)
     checked = await verify(bookie.address, writer, doomed, f"seed {SEED}, at the end")
     assert checked > 200  # not a vacuous run; how many depends on the machine's speed
+    await until(lambda: acknowledged_by_all(bookie.metadata, doomed), "tombstones acknowledged")
     connection = await BookieConnection.connect(bookie.address, request_timeout=30)
     try:
-        for ledger_id in sorted(doomed)[:3]:
-            assert await deleted(connection, ledger_id)
+        for ledger_id in sorted(doomed):
+            assert await gone(connection, ledger_id), f"ledger {ledger_id} was deleted"
     finally:
         await connection.close()
     bookie.stop()
     assert moved_before_kill >= ROUNDS - 1, "kills came once compaction was moving entries"
-    assert mid_pass >= 1, "a kill came in the middle of a garbage collection pass"
+    assert mid_run >= 1, "a kill came in the middle of a garbage collection run"
 
 
-async def deleted(connection: BookieConnection, ledger_id: LedgerId) -> bool:
-    """Whether the ledger is gone within a few seconds (once the GC loop has read the list;
-    a journal replay may have brought it back meanwhile)."""
-    for _ in range(100):
-        try:
-            await connection.read(ledger_id, 0)
-        except (NoSuchLedger, NoSuchEntry):
+async def moved_entries(bookie: BookieUnderTest, timeout: float) -> bool:
+    """Wait until a compaction of this incarnation has moved entries."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = await asyncio.to_thread(bookie.metrics)
+        if sample(metrics, "bookie_gc_moved_entries_total") > 0:
             return True
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def gone(connection: BookieConnection, ledger_id: LedgerId) -> bool:
+    """Whether the bookie holds nothing of the ledger (its tombstone is acknowledged, so the
+    drop was checkpointed before: no replay can bring it back)."""
+    try:
+        await connection.read(ledger_id, 0)
+    except (NoSuchLedger, NoSuchEntry):
+        return True
     return False
 
 
@@ -212,15 +252,15 @@ def disk_bytes(data_dir: Path) -> int:
 
 @pytest.mark.timeout(120)
 def test_after_most_ledgers_are_deleted_the_disk_comes_back_near_the_live_bytes(
-    gc_bookie: BookieProcess,
+    gc_bookie: BookieUnderTest,
 ) -> None:
     asyncio.run(delete_most(gc_bookie))
 
 
-async def delete_most(bookie: BookieProcess) -> None:
-    (bookie.data_dir / "gc-force").unlink()
+async def delete_most(bookie: BookieUnderTest) -> None:
     await asyncio.to_thread(bookie.start)
     ledgers = [LedgerId(0, number) for number in range(1, 21)]
+    await create(bookie.metadata, bookie.address, ledgers)
     connection = await BookieConnection.connect(bookie.address, request_timeout=30)
     written = 0
     try:
@@ -236,8 +276,9 @@ async def delete_most(bookie: BookieProcess) -> None:
     live = sum(len(encoded(ledger_id, e)) for ledger_id in survivors for e in range(entry_id))
     before = disk_bytes(bookie.data_dir)
     assert before > written
-    doom(bookie.data_dir, [ledger for ledger in ledgers if ledger not in survivors])
-    (bookie.data_dir / "gc-force").write_text("major")
+    writer = Writer(acknowledged={ledger_id: set(range(entry_id)) for ledger_id in ledgers})
+    doomed = {ledger for ledger in ledgers if ledger not in survivors}
+    await close_and_delete(bookie.metadata, writer, ledgers, doomed)
     slack = 2 * SETTINGS["journal_file_size"] + SETTINGS["entry_log_size_limit"]
     bound = 1.25 * live + slack
     deadline = time.monotonic() + 60
@@ -250,6 +291,5 @@ async def delete_most(bookie: BookieProcess) -> None:
         f"{written / 2**20:.0f} MiB written, {before / 2**20:.1f} MiB on disk; after deleting "
         f"18 of 20 ledgers: {now / 2**20:.1f} MiB for {live / 2**20:.1f} MiB live"
     )
-    writer = Writer(acknowledged={ledger_id: set(range(entry_id)) for ledger_id in survivors})
-    assert await verify(bookie.address, writer, set(), "after the deletes") == 2 * entry_id
+    assert await verify(bookie.address, writer, doomed, "after the deletes") == 2 * entry_id
     bookie.stop()

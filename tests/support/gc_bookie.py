@@ -1,4 +1,4 @@
-"""A bookie process whose garbage collection a test (or a benchmark) drives from files:
+"""A bookie process whose garbage collection bench/bench_gc.py drives from files:
 
     python -m tests.support.gc_bookie --metadata URI --data-dir DIR --listen HOST:PORT \
         [--metrics-port PORT]

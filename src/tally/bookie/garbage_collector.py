@@ -89,6 +89,9 @@ class GcMetrics:
         self.last_run_seconds = Gauge(
             "bookie_gc_last_run_seconds", "Duration of the last run", registry=registry
         )
+        self.running = Gauge(
+            "bookie_gc_running", "1 while a garbage collection run is under way", registry=registry
+        )
 
 
 @dataclass
@@ -202,38 +205,40 @@ class GarbageCollector:
 
     async def collect(self, trigger: str = "operator", *, everything: bool = False) -> GcRun:
         async with self._running:
-            started = self._clock()
-            run = GcRun(int(started * 1000), trigger)
-            await self._step(run, "tombstones", self._tombstones(run))
-            if everything or due(
-                self._last_overreplication, self._overreplicated_wait_time, started
-            ):
-                await self._step(run, "over-replication", self._overreplication(run))
-                self._last_overreplication = started
-            await self._step(run, "space", self._reclaim(run, started, force_major=everything))
-            run.seconds = self._clock() - started
-            self._runs = [*self._runs[-(KEPT_RUNS - 1) :], run]
-            self._metrics.runs.inc()
-            self._metrics.last_run_seconds.set(run.seconds)
-            log.info(
-                "bookie %s: GC run (%s) in %.2fs: %d tombstones read, %d ledgers deleted, "
-                "%d acknowledged%s; %d bytes reclaimed%s",
-                self._bookie_id,
-                trigger,
-                run.seconds,
-                run.tombstones_read,
-                len(run.ledgers_deleted),
-                run.tombstones_acknowledged,
-                (
-                    f"; over-replication: {len(run.ledgers_trimmed)} ledgers and "
-                    f"{run.entries_trimmed} entries dropped, {len(run.orphans)} orphans"
-                )
-                if run.overreplication_checked
-                else "",
-                run.storage.get("reclaimed_bytes", 0),
-                f"; skipped: {'; '.join(run.skipped)}" if run.skipped else "",
+            with self._metrics.running.track_inprogress():
+                return await self._collect(trigger, everything=everything)
+
+    async def _collect(self, trigger: str, *, everything: bool) -> GcRun:
+        started = self._clock()
+        run = GcRun(int(started * 1000), trigger)
+        await self._step(run, "tombstones", self._tombstones(run))
+        if everything or due(self._last_overreplication, self._overreplicated_wait_time, started):
+            await self._step(run, "over-replication", self._overreplication(run))
+            self._last_overreplication = started
+        await self._step(run, "space", self._reclaim(run, started, force_major=everything))
+        run.seconds = self._clock() - started
+        self._runs = [*self._runs[-(KEPT_RUNS - 1) :], run]
+        self._metrics.runs.inc()
+        self._metrics.last_run_seconds.set(run.seconds)
+        log.info(
+            "bookie %s: GC run (%s) in %.2fs: %d tombstones read, %d ledgers deleted, "
+            "%d acknowledged%s; %d bytes reclaimed%s",
+            self._bookie_id,
+            trigger,
+            run.seconds,
+            run.tombstones_read,
+            len(run.ledgers_deleted),
+            run.tombstones_acknowledged,
+            (
+                f"; over-replication: {len(run.ledgers_trimmed)} ledgers and "
+                f"{run.entries_trimmed} entries dropped, {len(run.orphans)} orphans"
             )
-            return run
+            if run.overreplication_checked
+            else "",
+            run.storage.get("reclaimed_bytes", 0),
+            f"; skipped: {'; '.join(run.skipped)}" if run.skipped else "",
+        )
+        return run
 
     async def _step(self, run: GcRun, name: str, work: Awaitable[None]) -> None:
         """Run a step; a metadata error skips the rest of it, having deleted nothing more."""
