@@ -261,9 +261,15 @@ def _disk_bytes(directory: Path) -> int:
     return sum(path.stat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
 
 
+LEDGERS = 20
+ENTRIES_PER_LEDGER = 200
+"""Of about 52 KiB on average: 200 MiB in all, on every bookie (E = WQ = 3)."""
+
+
 def test_deleted_ledgers_give_their_disk_space_back(tmp_path: Path) -> None:
     """Through the real path: the delete path, tombstones, `tally shell triggergc` (deletion,
-    then a forced major compaction); the ledgers left read back byte for byte."""
+    then a forced major compaction); each bookie's disk comes back to within a small factor
+    of its live bytes, and the ledgers left read back byte for byte."""
     root = tmp_path / "space"
     cluster = Cluster(init_cluster(root), root)
     cluster.bookies = [
@@ -271,30 +277,31 @@ def test_deleted_ledgers_give_their_disk_space_back(tmp_path: Path) -> None:
         for i in range(3)
     ]
     small = {
-        "TALLY_BOOKIE_ENTRY_LOG_SIZE_LIMIT": str(1 << 20),
-        "TALLY_BOOKIE_JOURNAL_FILE_SIZE": str(2 << 20),
-        "TALLY_BOOKIE_JOURNAL_PREALLOCATE_SIZE": str(1 << 20),
-        "TALLY_BOOKIE_WRITE_CACHE_MAX_BYTES": str(1 << 20),
+        "TALLY_BOOKIE_ENTRY_LOG_SIZE_LIMIT": str(4 << 20),
+        "TALLY_BOOKIE_JOURNAL_FILE_SIZE": str(8 << 20),
+        "TALLY_BOOKIE_JOURNAL_PREALLOCATE_SIZE": str(4 << 20),
+        "TALLY_BOOKIE_WRITE_CACHE_MAX_BYTES": str(4 << 20),
         "TALLY_BOOKIE_FLUSH_INTERVAL": "0.2",
         "TALLY_BOOKIE_KEEP_LARGE_ENTRIES_IN_JOURNAL": "true",
         "TALLY_BOOKIE_GC_WAIT_TIME": "3600",
     }
+    slack = (4 << 20) + 2 * (8 << 20) + (8 << 20)  # the current entry log, journal, index
     with environment(small):
         cluster._start_all(cluster.bookies)
 
     def payload(ledger_id: LedgerId, entry_id: int) -> bytes:
-        size = 40_000 if entry_id % 4 == 0 else 3_000  # some kept in the journal
+        size = 200_000 if entry_id % 4 == 0 else 3_000  # some kept in the journal
         return (b"%d/%d;" % (ledger_id.id, entry_id) * size)[:size]
 
     async def scenario() -> None:
         await settings(cluster.uri, ledger_delete_retention=0)
         async with Client(cluster.uri) as client:
             ledgers = []
-            for _ in range(20):
+            for _ in range(LEDGERS):
                 writer = await client.create_ledger(
                     ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
                 )
-                for entry_id in range(40):
+                for entry_id in range(ENTRIES_PER_LEDGER):
                     writer.append_nowait(payload(writer.ledger_id, entry_id))
                 await writer.close()
                 ledgers.append(writer.ledger_id)
@@ -310,18 +317,28 @@ def test_deleted_ledgers_give_their_disk_space_back(tmp_path: Path) -> None:
             kept, doomed = ledgers[:2], ledgers[2:]
             for ledger_id in doomed:
                 await client.delete_ledger(ledger_id, reason="trimmed")
+        live = sum(
+            len(payload(ledger_id, entry_id))
+            for ledger_id in kept
+            for entry_id in range(ENTRIES_PER_LEDGER)
+        )
         runs = await asyncio.to_thread(triggergc, cluster)
         assert all(len(run["ledgers_deleted"]) == len(doomed) for run in runs.values())
         # A second run reclaims what the first one's checkpoint let go of.
         runs = await asyncio.to_thread(triggergc, cluster)
         after = [_disk_bytes(b.data_dir) for b in cluster.bookies]
-        for before, now in zip(written, after, strict=True):
-            assert now < 0.5 * before, (written, after, runs)
+        print(
+            f"{sum(written) / 2**20:.0f} MiB on the bookies' disks; after deleting "
+            f"{len(doomed)} of {LEDGERS} ledgers: {sum(after) / 2**20:.0f} MiB for "
+            f"{3 * live / 2**20:.0f} MiB live"
+        )
+        for now in after:
+            assert now < 1.5 * live + slack, (written, after, live, runs)
         async with Client(cluster.uri) as client:
             for ledger_id in kept:
                 reader = await client.open_ledger(ledger_id, password=PASSWORD)
                 assert await read_all(reader) == {
-                    entry_id: payload(ledger_id, entry_id) for entry_id in range(40)
+                    entry_id: payload(ledger_id, entry_id) for entry_id in range(ENTRIES_PER_LEDGER)
                 }
 
     try:
