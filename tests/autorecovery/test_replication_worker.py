@@ -394,7 +394,9 @@ async def test_an_entry_with_no_copy_anywhere_is_listed_lost_not_retried(
     await assert_every_copy(cluster.uri, writer.ledger_id, lost=frozenset({4}))
 
 
-async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cluster) -> None:
+async def test_a_corrupt_copy_is_never_copied_and_is_written_over(cluster: Cluster) -> None:
+    """The bad copy the worker runs into while copying is no source, and gets the verified
+    copy too."""
     async with tally.Client(cluster.uri, config=CLIENT) as client:
         writer = await write_ledger(client, 10, ensemble=3, write_quorum=3)
     ensemble = writer.metadata.metadata.segments[0].ensemble
@@ -421,7 +423,8 @@ async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cl
     newcomer = metadata.segments[0].ensemble[0]
     assert newcomer not in ensemble
     assert all(copies[e][newcomer] == payload(writer.ledger_id, e) for e in range(10))
-    assert copies[target][first_source] == "BadDigest"  # not repaired, but never spread
+    assert copies[target][first_source] == payload(writer.ledger_id, target)
+    assert metric("replication_worker_num_bad_copies_repaired_total") >= 1
 
 
 # -- open ledgers -------------------------------------------------------------------------
