@@ -27,6 +27,7 @@ from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
 from tally.core.disk_usage import DiskState
+from tally.core.entry_format import check_crc_digest
 from tally.core.errors import BadRequest, TallyError, WriteFailed
 from tally.core.ids import LedgerId
 
@@ -160,6 +161,7 @@ class BookieRequestProcessor:
             request.master_key,
             recovery=request.recovery,
         )
+        check_crc_digest(request.entry)  # refused before it is stored or journaled
         storage.add_entry(
             ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
         )
