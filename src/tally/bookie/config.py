@@ -103,6 +103,12 @@ class BookieConfig:
     """Seconds between two looks for over-replicated ledgers and orphans
     (gcOverreplicatedLedgerWaitTime): every ledger held here is looked up in the store."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
+    receive_buffer_limit_bytes: int = 64 * 1024**2
+    """Bytes that frames begun and not yet complete may hold, over all connections (at
+    least max_frame_size). A connection whose frame needs more waits, unread, for its turn."""
+    receive_stall_timeout: float = 30.0
+    """Seconds a connection in the middle of a frame may send nothing before it is closed
+    (time spent waiting for receive_buffer_limit_bytes does not count)."""
     tls_cert: Path | None = None
     """PEM certificate chain; with tls_key, the bookie speaks TLS only."""
     tls_key: Path | None = None
@@ -120,6 +126,7 @@ class BookieConfig:
             "disk_check_interval",
             "gc_wait_time",
             "gc_overreplicated_ledger_wait_time",
+            "receive_stall_timeout",
         ):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")
         check(self.journal_max_batch_delay >= 0, "journal_max_batch_delay", "must not be negative")
@@ -136,6 +143,11 @@ class BookieConfig:
             "max_frame_size",
         ):
             check(getattr(self, name) > 0, name, "must be more than 0 bytes")
+        check(
+            self.receive_buffer_limit_bytes >= self.max_frame_size,
+            "receive_buffer_limit_bytes",
+            f"must hold at least one frame of max_frame_size ({self.max_frame_size} bytes)",
+        )
         check(
             0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1,
             "disk_usage_lwm_threshold",

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
@@ -30,6 +31,7 @@ from tally.bookie.compactor import GcStats
 from tally.bookie.journal import JournalStats
 from tally.bookie.ledger_storage import LedgerStorageStats
 from tally.core.compaction import FileKind
+from tally.core.receive_limits import ReceiveBudget
 
 _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -67,12 +69,34 @@ class BookieMetrics:
         self.read_only = Gauge(
             "bookie_read_only", "1 while the bookie refuses writes", registry=self.registry
         )
+        self.receive_buffer_bytes = Gauge(
+            "bookie_receive_buffer_bytes",
+            "Bytes held for frames begun and not yet complete, over all connections "
+            "(receive_buffer_limit_bytes at most)",
+            registry=self.registry,
+        )
+        self.receive_paused_connections = Gauge(
+            "bookie_receive_paused_connections",
+            "Connections not read until the receive budget has room for their frame",
+            registry=self.registry,
+        )
+        self.receive_stalled_connections = Counter(
+            "bookie_receive_stalled_connections",
+            "Connections closed because their unfinished frame got no byte for "
+            "receive_stall_timeout",
+            registry=self.registry,
+        )
         self.ledgers_in_limbo = Gauge(
             "bookie_ledgers_in_limbo",
             "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "
             "'unknown' for the entries it lacks until they are repaired",
             registry=self.registry,
         )
+
+    def watch_receive_budget(self, budget: ReceiveBudget[Any]) -> None:
+        """Read the receive budget's bytes held and waiters at scrape time."""
+        self.receive_buffer_bytes.set_function(lambda: budget.held)
+        self.receive_paused_connections.set_function(lambda: budget.waiting)
 
     def watch(
         self,

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
-from tally.bookie.connection import BookieConnectionHandler
+from tally.bookie.connection import BookieConnectionHandler, close_stalled
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
 from tally.bookie.journal import Journal
@@ -47,6 +47,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
+from tally.core.receive_limits import ReceiveBudget
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
@@ -98,6 +99,11 @@ class Bookie:
         self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
         """Shared by the connections. The write cache holds views of them (large entries)
         and lets go of about its size at each checkpoint, while as much again arrives."""
+        self.receive_budget: ReceiveBudget[BookieConnectionHandler] = ReceiveBudget(
+            config.receive_buffer_limit_bytes
+        )
+        """What the connections' unfinished frames may hold, together."""
+        self.metrics.watch_receive_budget(self.receive_budget)
 
     @property
     def journal(self) -> Journal:
@@ -238,6 +244,10 @@ class Bookie:
             asyncio.create_task(self._disk_loop(), name="disk-check"),
             asyncio.create_task(limbo.run(), name="limbo"),
             asyncio.create_task(self._gc.run(), name="gc"),
+            asyncio.create_task(
+                close_stalled(self._connections, config.receive_stall_timeout),
+                name="receive-stalls",
+            ),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",
@@ -252,7 +262,7 @@ class Bookie:
         assert self._requests is not None, "bookie not started"
         reader = protocol.RequestReader(self.config.max_frame_size, self.receive_arenas)
         return BookieConnectionHandler(
-            self._requests.dispatch, reader, self._connections, self.metrics
+            self._requests.dispatch, reader, self._connections, self.metrics, self.receive_budget
         )
 
     def _replay(self) -> int:
