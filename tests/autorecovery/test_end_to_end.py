@@ -51,13 +51,15 @@ def payload(ledger_id: LedgerId, entry_id: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-async def write_ledgers(uri: str, count: int, entries: int, size: int = 100) -> dict[LedgerId, int]:
-    """`count` closed ledgers E3 WQ2 AQ2; their last entry ids."""
+async def write_ledgers(
+    uri: str, count: int, entries: int, size: int = 100, *, write_quorum: int = 2
+) -> dict[LedgerId, int]:
+    """`count` closed ledgers E3 WQ`write_quorum` AQ2; their last entry ids."""
     async with Client(uri) as client:
 
         async def one() -> tuple[LedgerId, int]:
             writer = await client.create_ledger(
-                ensemble_size=3, write_quorum=2, ack_quorum=2, password=PASSWORD
+                ensemble_size=3, write_quorum=write_quorum, ack_quorum=2, password=PASSWORD
             )
             futures = [
                 writer.append_nowait(payload(writer.ledger_id, e, size)) for e in range(entries)
