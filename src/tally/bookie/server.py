@@ -7,6 +7,10 @@ is replayed into ledger storage from the last checkpoint (the checkpoint loop wr
 replayed records out later, while the bookie serves); then the bookie serves, and only
 then registers, so no client finds it before it can answer. Its requests are answered by
 requests.py, over connections of connection.py.
+
+A journal that cannot write (its disk full at start-up or later) turns the bookie read-only,
+not down: it serves reads, and the disk check loop tries a new journal file until one fits
+(tally.core.disk_usage decides when, and what mode follows).
 """
 
 from __future__ import annotations
