@@ -160,6 +160,7 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
             "receive_buffer_limit_bytes .*at least one frame of max_frame_size",
         ),
         ("TALLY_BOOKIE_RECEIVE_STALL_TIMEOUT", "0", "receive_stall_timeout .*more than 0 seconds"),
+        ("TALLY_BOOKIE_JOURNAL_RETRY_INTERVAL", "0", "journal_retry_interval .*more than 0"),
     ],
 )
 def test_the_bookie_config_refuses_what_cannot_work(

@@ -20,7 +20,11 @@ from tally.config import check
 from tally.core import protocol
 from tally.core.addresses import split_host_port
 from tally.core.compaction import CompactionPolicy
-from tally.core.disk_usage import DEFAULT_LOW_WATER_MARK, DEFAULT_USAGE_THRESHOLD
+from tally.core.disk_usage import (
+    DEFAULT_JOURNAL_RETRY_INTERVAL,
+    DEFAULT_LOW_WATER_MARK,
+    DEFAULT_USAGE_THRESHOLD,
+)
 from tally.core.errors import BadRequest, BadSetting
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
@@ -72,6 +76,9 @@ class BookieConfig:
     """... and below which it turns writable again."""
     disk_check_interval: float = 10.0
     """Seconds between two looks at the disks' usage."""
+    journal_retry_interval: float = DEFAULT_JOURNAL_RETRY_INTERVAL
+    """Seconds between two attempts at a new journal file while the journal is out of room
+    (the bookie is read-only meanwhile); tried at the disk checks."""
     disk_usage_warn_threshold: float = 0.90
     """Fraction of the ledger disk used from which major compaction stops
     (diskUsageWarnThreshold; disk_usage_threshold if that is lower); minor compaction stops
@@ -124,6 +131,7 @@ class BookieConfig:
             "session_timeout",
             "flush_interval",
             "disk_check_interval",
+            "journal_retry_interval",
             "gc_wait_time",
             "gc_overreplicated_ledger_wait_time",
             "receive_stall_timeout",

@@ -86,6 +86,12 @@ class BookieMetrics:
             "receive_stall_timeout",
             registry=self.registry,
         )
+        self.journal_failed = Gauge(
+            "bookie_journal_failed",
+            "1 while the journal takes no records (a write failed; out of room, it is retried "
+            "in a new file every journal_retry_interval)",
+            registry=self.registry,
+        )
         self.ledgers_in_limbo = Gauge(
             "bookie_ledgers_in_limbo",
             "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "
@@ -177,6 +183,12 @@ class _StorageCollector(Collector):
         )
         yield CounterMetricFamily(
             "bookie_journal_bytes", "Bytes written to the journal", value=journal.bytes_written
+        )
+        yield CounterMetricFamily(
+            "bookie_journal_write_failures",
+            "Journal failures: a write, fdatasync, preallocation or new file that failed and "
+            "stopped the journal, or a failed attempt to resume it in a new file",
+            value=journal.write_failures,
         )
         # Quantiles of the journal's window of recent fdatasyncs. Not a summary: its count and
         # sum would shrink as the window slides, which Prometheus reads as counter resets.

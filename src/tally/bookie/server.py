@@ -7,6 +7,10 @@ is replayed into ledger storage from the last checkpoint (the checkpoint loop wr
 replayed records out later, while the bookie serves); then the bookie serves, and only
 then registers, so no client finds it before it can answer. Its requests are answered by
 requests.py, over connections of connection.py.
+
+A journal that cannot write (its disk full at start-up or later) turns the bookie read-only,
+not down: it serves reads, and the disk check loop tries a new journal file until one fits
+(tally.core.disk_usage decides when, and what mode follows).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tally.bookie.config import BookieConfig
 from tally.bookie.connection import BookieConnectionHandler, close_stalled
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
-from tally.bookie.journal import Journal
+from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
@@ -95,6 +99,7 @@ class Bookie:
         self.lost_session = False
         """Whether it stopped because its metadata store session was lost, not on request."""
         self._registered_mode: BookieMode | None = None
+        self._registering = asyncio.Lock()
         retained = min(2 * config.write_cache_max_bytes, MAX_RETAINED_ARENA_BYTES)
         self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
         """Shared by the connections. The write cache holds views of them (large entries)
@@ -187,16 +192,21 @@ class Bookie:
             max_batch_delay=config.journal_max_batch_delay,
             max_batch_bytes=config.journal_max_batch_bytes,
             direct_io=config.direct_io,
+            on_failure=self._journal_failed,
+        )
+        policy = DiskPolicy(
+            config.disk_usage_threshold,
+            config.disk_usage_lwm_threshold,
+            config.journal_retry_interval,
         )
         self._requests = BookieRequestProcessor(
             self.bookie_id,
             self._journal,
             self._storage,
             self.metrics,
-            DiskState(DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)),
+            DiskState(policy),
             keeps_entries=keep,
             max_frame_size=config.max_frame_size,
-            on_io_error=self._io_error,
         )
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
@@ -371,15 +381,19 @@ class Bookie:
         mark never covers something storage lacks."""
         with self._checkpointing:  # the loop's and the GC's: a mark never goes back
             mark = self.journal.last_mark()
+            if mark.file_id == 0:  # no journal file yet (a start on a full disk): no mark
+                return
             self.storage.checkpoint(mark.to_bytes())
             self.journal.release_before(mark, keep=self.storage.kept_journal_files())
 
     async def _disk_loop(self) -> None:
-        """Check the disks, and register the mode whenever it differs from the registered
-        one: after a change here or after an I/O error, and again after a failed attempt."""
+        """Check the disks, try a new journal file when one is due, and register the mode
+        whenever it differs from the registered one: after a change here or after an I/O
+        error, and again after a failed attempt."""
         while True:
             await asyncio.sleep(self.config.disk_check_interval)
             self._refresh_disk_usage()
+            await self._retry_journal()
             try:
                 await self._register()
             except TallyError as error:
@@ -398,13 +412,80 @@ class Bookie:
         self.disk = self.disk.with_usage(used)
 
     def _io_error(self, description: str) -> None:
-        before = self.disk.mode
-        self.disk = self.disk.with_io_error(description)
-        if self.disk.mode is not before:
+        if self._change_disk(self.disk.with_io_error(description)):
             log.error("bookie %s is now read-only: %s", self.bookie_id, description)
-            asyncio.get_running_loop().create_task(self._register())
+
+    def _journal_failed(self, error: TallyError) -> None:
+        """The journal stopped taking records: read-only, serving reads; out of room, until
+        a new journal file fits (`_retry_journal`), else until a restart."""
+        self.metrics.journal_failed.set(1)
+        full = out_of_space(error)
+        self._change_disk(
+            self.disk.with_journal_failure(str(error), out_of_space=full, now=time.monotonic())
+        )
+        if full:
+            log.error(
+                "bookie %s is read-only, serving reads: its journal is out of room (%s); free "
+                "space on the journal's disk (%s) and it turns writable by itself, at the first "
+                "new journal file that fits (tried every %gs)",
+                self.bookie_id,
+                error,
+                self.config.journal_directory,
+                self.config.journal_retry_interval,
+            )
+        else:
+            log.error(
+                "bookie %s is read-only, serving reads: its journal failed (%s); a disk that "
+                "failed is not written to again on its own word: check the journal's disk "
+                "(%s), then restart the bookie",
+                self.bookie_id,
+                error,
+                self.config.journal_directory,
+            )
+
+    async def _retry_journal(self) -> None:
+        """Try a new journal file, if one is due while the journal is out of room."""
+        if not self.disk.journal_retry_due(time.monotonic()):
+            return
+        try:
+            await self.journal.resume()
+        except TallyError as error:
+            if not out_of_space(error):  # failing, no longer just full
+                self._journal_failed(error)
+                return
+            self._change_disk(
+                self.disk.with_journal_failure(str(error), out_of_space=True, now=time.monotonic())
+            )
+            log.warning(
+                "bookie %s: the journal still cannot write: %s; read-only, next try in %gs",
+                self.bookie_id,
+                error,
+                self.config.journal_retry_interval,
+            )
+            return
+        self.metrics.journal_failed.set(0)
+        self._change_disk(self.disk.with_journal_writing())
+        log.info(
+            "bookie %s: its journal writes again, in a new file; the bookie is %s (%s)",
+            self.bookie_id,
+            self.disk.mode.value,
+            self.disk.reason,
+        )
+
+    def _change_disk(self, state: DiskState) -> bool:
+        """Take the new state; register the mode anew if it changed (whether it did)."""
+        before = self.disk.mode
+        self.disk = state
+        if state.mode is before:
+            return False
+        asyncio.get_running_loop().create_task(self._register())
+        return True
 
     async def _register(self) -> None:
+        async with self._registering:  # a change's and the disk loop's: one write per change
+            await self._register_mode()
+
+    async def _register_mode(self) -> None:
         mode = self.disk.mode
         if mode is self._registered_mode or self._registry is None:
             return
