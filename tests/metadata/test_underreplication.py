@@ -57,9 +57,7 @@ async def test_bad_copies_merge_into_the_mark_and_survive_a_round_trip(backend: 
         one = await manager.mark_under_replicated(L1, ["b1"], bad_copies={"b1": [4, 5, 9]})
         assert one.version == 1
         assert {b: list(e) for b, e in one.bad_copies.items()} == {"b1": [4, 5, 9]}
-        both = await manager.mark_under_replicated(
-            L1, ["b2"], bad_copies={"b1": [5, 6], "b2": [1]}
-        )
+        both = await manager.mark_under_replicated(L1, ["b2"], bad_copies={"b1": [5, 6], "b2": [1]})
         assert both.missing_bookies == {"b1", "b2"}
         assert {b: list(e) for b, e in both.bad_copies.items()} == {
             "b1": [4, 5, 6, 9],
