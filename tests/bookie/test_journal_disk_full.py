@@ -108,9 +108,9 @@ async def full_journal_disk(cluster: str, tmp_path: Path, journal_disk: Path) ->
             assert "No space left on device" in str(error)
 
             await wait_registered(cluster, bookie, "readonly")
-            with pytest.raises(WriteOnReadOnlyBookie, match="journal is out of room"):
+            with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write"):
                 await connection.add(entry(ledger, failed, PAYLOAD), KEY)
-            with pytest.raises(WriteOnReadOnlyBookie, match="journal is out of room"):
+            with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write"):
                 await connection.add(entry(ledger, failed, PAYLOAD), KEY, recovery=True)
             await reads_back(connection, ledger, acknowledged)
             metrics = bookie.metrics()
@@ -137,7 +137,7 @@ async def full_journal_disk(cluster: str, tmp_path: Path, journal_disk: Path) ->
         await wait_registered(cluster, bookie, "readonly")
         async with connected(bookie.address) as connection:
             await reads_back(connection, ledger, acknowledged)
-            with pytest.raises(WriteOnReadOnlyBookie, match="journal is out of room"):
+            with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write"):
                 await connection.add(entry(ledger, failed + 5, PAYLOAD), KEY)
             assert sample(bookie.metrics(), "bookie_journal_failed") == 1
 

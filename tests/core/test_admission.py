@@ -83,9 +83,9 @@ def test_a_full_disk_refuses_normal_writes_but_lets_recovery_through() -> None:
 
 
 def test_a_journal_out_of_room_refuses_recovery_writes_too() -> None:
-    full = DiskState().with_journal_failure("ENOSPC", out_of_space=True, now=0.0)
+    full = DiskState().with_journal_failure("ENOSPC", now=0.0)
     for recovery in (False, True):
-        with pytest.raises(WriteOnReadOnlyBookie, match="journal is out of room: ENOSPC"):
+        with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write: ENOSPC"):
             admit_write(full, "b1", recovery=recovery)
     admit_write(full.with_journal_writing(), "b1", recovery=True)
 

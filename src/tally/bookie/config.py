@@ -77,8 +77,9 @@ class BookieConfig:
     disk_check_interval: float = 10.0
     """Seconds between two looks at the disks' usage."""
     journal_retry_interval: float = DEFAULT_JOURNAL_RETRY_INTERVAL
-    """Seconds between two attempts at a new journal file while the journal is out of room
-    (the bookie is read-only meanwhile); tried at the disk checks."""
+    """Seconds between two attempts at a new journal file while the journal cannot write (out
+    of room, or its disk failing; the bookie is read-only meanwhile); tried at the disk
+    checks."""
     disk_usage_warn_threshold: float = 0.90
     """Fraction of the ledger disk used from which major compaction stops
     (diskUsageWarnThreshold; disk_usage_threshold if that is lower); minor compaction stops

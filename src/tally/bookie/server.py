@@ -416,46 +416,31 @@ class Bookie:
             log.error("bookie %s is now read-only: %s", self.bookie_id, description)
 
     def _journal_failed(self, error: TallyError) -> None:
-        """The journal stopped taking records: read-only, serving reads; out of room, until
-        a new journal file fits (`_retry_journal`), else until a restart."""
+        """The journal stopped taking records: read-only, serving reads, until a new journal
+        file is written and synced (`_retry_journal`)."""
         self.metrics.journal_failed.set(1)
-        full = out_of_space(error)
-        self._change_disk(
-            self.disk.with_journal_failure(str(error), out_of_space=full, now=time.monotonic())
+        self._change_disk(self.disk.with_journal_failure(str(error), now=time.monotonic()))
+        log.error(
+            "bookie %s is read-only, serving reads: its journal %s (%s); %s (%s), and it turns "
+            "writable by itself at the first new journal file written (tried every %gs)",
+            self.bookie_id,
+            "is out of room" if out_of_space(error) else "failed",
+            error,
+            "free space on the journal's disk"
+            if out_of_space(error)
+            else "check the journal's disk",
+            self.config.journal_directory,
+            self.config.journal_retry_interval,
         )
-        if full:
-            log.error(
-                "bookie %s is read-only, serving reads: its journal is out of room (%s); free "
-                "space on the journal's disk (%s) and it turns writable by itself, at the first "
-                "new journal file that fits (tried every %gs)",
-                self.bookie_id,
-                error,
-                self.config.journal_directory,
-                self.config.journal_retry_interval,
-            )
-        else:
-            log.error(
-                "bookie %s is read-only, serving reads: its journal failed (%s); a disk that "
-                "failed is not written to again on its own word: check the journal's disk "
-                "(%s), then restart the bookie",
-                self.bookie_id,
-                error,
-                self.config.journal_directory,
-            )
 
     async def _retry_journal(self) -> None:
-        """Try a new journal file, if one is due while the journal is out of room."""
+        """Try a new journal file, if one is due while the journal cannot write."""
         if not self.disk.journal_retry_due(time.monotonic()):
             return
         try:
             await self.journal.resume()
         except TallyError as error:
-            if not out_of_space(error):  # failing, no longer just full
-                self._journal_failed(error)
-                return
-            self._change_disk(
-                self.disk.with_journal_failure(str(error), out_of_space=True, now=time.monotonic())
-            )
+            self._change_disk(self.disk.with_journal_failure(str(error), now=time.monotonic()))
             log.warning(
                 "bookie %s: the journal still cannot write: %s; read-only, next try in %gs",
                 self.bookie_id,

@@ -60,30 +60,31 @@ class DiskState:
     policy: DiskPolicy = DiskPolicy()
     disk_full: bool = False
     io_error: str | None = None
-    journal_full: str | None = None
-    """Why the journal stopped for want of room, until a new journal file can be written."""
+    journal_failed: str | None = None
+    """Why the journal stopped (out of room, or its disk failing), until a new journal file
+    is written and synced."""
     journal_retry_at: float = 0.0
-    """When (on the caller's clock) to try a new journal file next, while `journal_full`."""
+    """When (on the caller's clock) to try a new journal file next, while `journal_failed`."""
 
     @property
     def mode(self) -> BookieMode:
-        if self.disk_full or self.io_error is not None or self.journal_full is not None:
+        if self.disk_full or self.io_error is not None or self.journal_failed is not None:
             return BookieMode.READ_ONLY
         return BookieMode.WRITABLE
 
     @property
     def journal_writes(self) -> bool:
         """Whether the journal takes records: what recovery's writes need on a full disk."""
-        return self.io_error is None and self.journal_full is None
+        return self.io_error is None and self.journal_failed is None
 
     @property
     def reason(self) -> str:
         if self.io_error is not None:
             return f"I/O error: {self.io_error}"
-        if self.journal_full is not None:
+        if self.journal_failed is not None:
             return (
-                f"the journal is out of room: {self.journal_full}; writable again once a new "
-                f"journal file fits (tried every {self.policy.journal_retry_interval:g}s)"
+                f"the journal cannot write: {self.journal_failed}; writable again once a new "
+                f"journal file is written (tried every {self.policy.journal_retry_interval:g}s)"
             )
         if self.disk_full:
             return f"disk usage at or above {self.policy.usage_threshold:.0%}"
@@ -98,26 +99,25 @@ class DiskState:
     def with_io_error(self, description: str) -> DiskState:
         return replace(self, io_error=self.io_error or description)
 
-    def with_journal_failure(
-        self, description: str, *, out_of_space: bool, now: float
-    ) -> DiskState:
-        """The journal failed at `now` (a write, a sync, or an attempt at a new file). For
-        want of room it is retried `journal_retry_interval` later; any other error is an I/O
-        error, for good."""
-        if not out_of_space:
-            return self.with_io_error(description)
+    def with_journal_failure(self, description: str, *, now: float) -> DiskState:
+        """The journal failed at `now` (a write, a sync, or an attempt at a new file), out of
+        room or on a failing disk: it is tried again in a new file `journal_retry_interval`
+        later, and a file written and synced makes it take records again (issue 17: a
+        journal disk that failed once is read-only, not down for good)."""
         return replace(
             self,
-            journal_full=description,
+            journal_failed=description,
             journal_retry_at=now + self.policy.journal_retry_interval,
         )
 
     def journal_retry_due(self, now: float) -> bool:
         """Whether to try a new journal file at `now`."""
         return (
-            self.journal_full is not None and self.io_error is None and now >= self.journal_retry_at
+            self.journal_failed is not None
+            and self.io_error is None
+            and now >= self.journal_retry_at
         )
 
     def with_journal_writing(self) -> DiskState:
         """A new journal file was written: the journal takes records again."""
-        return replace(self, journal_full=None)
+        return replace(self, journal_failed=None)
