@@ -30,6 +30,7 @@ from tests.bookie.conftest import (
     sample,
     store_session,
 )
+from tests.support.filesystems import fill, small_filesystem
 from tests.support.processes import init_cluster
 
 
@@ -115,6 +116,26 @@ async def test_wiped_disks_under_the_same_id_are_refused(cluster: str, tmp_path:
     assert disk_cookies(bookie) == {}
     assert await stored_cookie(cluster, bookie.address) == cookie
     assert await registration_of(cluster, bookie.address) is None
+
+
+async def test_a_first_start_on_a_full_disk_leaves_no_half_format(
+    cluster: str, tmp_path: Path
+) -> None:
+    """Its cookie could not be written on the disk: the store's copy is taken back too, so
+    that once the disk has room the bookie formats, rather than pass for a wiped one."""
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie")
+    with small_filesystem(bookie.data_dir, 1 << 20, kind="tmpfs"):
+        filler = fill(bookie.data_dir, leave=0)
+        refused = bookie.refused_start()
+        assert refused.returncode != 0
+        assert "No space left" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert await stored_cookie(cluster, bookie.address) is None
+        assert disk_cookies(bookie) == {}
+        filler.unlink()
+        with running(bookie):
+            assert await stored_cookie(cluster, bookie.address) is not None
+            assert set(disk_cookies(bookie)) == {"journal", "ledgers"}
 
 
 async def test_another_clusters_store_is_refused(
