@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
-from tally.bookie.entry_log import Location, log_file_name
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.client import Client
 from tally.core.ids import LedgerId
@@ -30,6 +29,7 @@ from tally.metadata.paths import LOCKS
 from tests.support.cluster import SESSION_TIMEOUT, Cluster, replica_copies, running_cluster
 from tests.support.polling import until
 from tests.support.processes import AutoRecoveryProcess, tally
+from tests.support.rot import rot_entries
 
 PASSWORD = b"e2e"
 REPAIR_TIMEOUT = 60.0
@@ -234,27 +234,6 @@ async def test_entries_deleted_behind_a_bookie_s_back_are_found_and_copied_back(
     await assert_fully_replicated(cluster.uri, ledgers)
 
 
-def _rot(data_dir: Path, ledger_id: LedgerId, entries: Iterable[int]) -> int:
-    """Flip a payload byte of each entry the bookie's entry logs hold (the bookie stopped);
-    how many were flipped."""
-    storage = LedgerStorage(data_dir / "ledgers")
-    try:
-        locations = [storage._index.location(ledger_id, e) for e in entries]
-    finally:
-        storage.close()
-    flipped = 0
-    for location in locations:
-        if isinstance(location, Location):
-            path = data_dir / "ledgers" / "logs" / log_file_name(location.log_id)
-            with path.open("r+b") as file:
-                file.seek(location.offset + location.size - 1)
-                byte = file.read(1)[0]
-                file.seek(location.offset + location.size - 1)
-                file.write(bytes([byte ^ 0x10]))
-            flipped += 1
-    return flipped
-
-
 async def test_rotten_copies_found_by_the_ledger_check_are_written_over(cluster: Cluster) -> None:
     """Bytes flipped in a bookie's entry log: the index still says the entries are there,
     so only their bad copies, named in the mark, make the worker copy them back."""
@@ -266,7 +245,7 @@ async def test_rotten_copies_found_by_the_ledger_check_are_written_over(cluster:
     held = [e for e in range(30) if 0 in write_set(e, 3, 2)]
     bookie = cluster.bookie(bookie_id)
     bookie.stop()
-    assert _rot(bookie.data_dir, damaged, held) == len(held)
+    assert rot_entries(bookie.data_dir, damaged, held) == len(held)
     cluster.restart([bookie_id])
     before = await replica_copies(damaged, metadata, PASSWORD, 29)
     assert {before[e][bookie_id] for e in held} == {"EntryUnreadable"}
@@ -302,7 +281,7 @@ async def test_a_client_read_of_a_bad_copy_gets_it_repaired(cluster: Cluster) ->
     held = [e for e in range(30) if 0 in write_set(e, 3, 2)]
     bookie = cluster.bookie(bookie_id)
     bookie.stop()
-    assert _rot(bookie.data_dir, damaged, held) == len(held)
+    assert rot_entries(bookie.data_dir, damaged, held) == len(held)
     cluster.restart([bookie_id])
     async with Client(cluster.uri) as client:
         reader = await client.open_ledger(damaged, password=PASSWORD)

@@ -25,7 +25,6 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.bookie_connection import BookieConnection
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
-from tally.core.digest import master_key
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
@@ -34,6 +33,7 @@ from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.stores import open_store
 from tests.support.cluster import Cluster, eventually_writable, replica_copies, running_cluster
 from tests.support.polling import until
+from tests.support.rot import rot_entries
 
 PASSWORD = b"worker-test"
 CLIENT = ClientConfig(
@@ -404,13 +404,10 @@ async def test_a_corrupt_copy_is_never_copied_and_is_written_over(cluster: Clust
     target = 4
     first_source = ensemble[write_set(target, 3, 3)[0]]  # position 1: asked first
     assert first_source != victim
-    connection = await BookieConnection.connect(first_source, request_timeout=5.0)
-    try:
-        raw = bytearray(await connection.read(writer.ledger_id, target))
-        raw[-1] ^= 0x20  # a payload bit flipped; the stored digest no longer matches
-        await connection.add(bytes(raw), master_key(PASSWORD), recovery=True)
-    finally:
-        await connection.close()
+    assert cluster.bookie(first_source).stop() == 0  # its copy rots on disk meanwhile
+    assert rot_entries(cluster.bookie(first_source).data_dir, writer.ledger_id, [target]) == 1
+    cluster.restart([first_source])
+    await eventually_writable(cluster.uri, {b.address for b in cluster.bookies})
     corrupt_before = metric("client_read_corrupt_copies_total")
     await kill_and_wait(cluster, victim)
     async with tally.Client(cluster.uri, config=CLIENT) as client:
