@@ -155,7 +155,7 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     raw = rocksdict.Rdict(
         str(path),
         rocksdict.Options(raw_mode=True),
-        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage")},
+        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage", "corrupt")},
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"

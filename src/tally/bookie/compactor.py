@@ -480,7 +480,7 @@ class Compactor:
         counts: dict[LedgerId, int] = defaultdict(int)
         try:
             complete = True
-            for record in _yielding(self._records(file)):
+            for record in yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) == record.origin:
                     counts[record.ledger_id] += usage_of(record.origin)[2]
         except (EntryUnreadable, MalformedData, OSError) as error:
@@ -631,7 +631,7 @@ class Compactor:
         moved_before = done.moved_bytes
         problem = None
         try:
-            for record in _yielding(self._records(file)):
+            for record in yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue
                 chunk.append(record)
@@ -690,12 +690,12 @@ class Compactor:
             self._check_running()
             copies = [
                 self._log.append(record.ledger_id, record.entry_id, record.crc32c, record.data)
-                for record in _yielding(records)
+                for record in yielding(records)
             ]
             self._log.flush()
             batch = self._index.batch()
             deltas: dict[UsageKey, int] = defaultdict(int)
-            for record, copy in _yielding(zip(records, copies, strict=True)):
+            for record, copy in yielding(zip(records, copies, strict=True)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue  # re-added or deleted meanwhile: the copy is garbage
                 batch.put_location(record.ledger_id, record.entry_id, copy)
@@ -736,12 +736,12 @@ class Compactor:
             stats.last_files = report.files
 
 
-def _yielding(items: Iterable[T]) -> Iterator[T]:
+def yielding(items: Iterable[T]) -> Iterator[T]:
     """`items`, letting go of the GIL after each YIELD_AFTER seconds of work on them. The
     event loop's thread and the journal's threads otherwise wait for it up to the
-    interpreter's switch interval (5 ms) at each of an add's hand-overs while compaction
-    runs Python loops; letting go after every few records costs the compaction a third of
-    its speed on a busy machine, where each `sleep(0)` gives the CPU away."""
+    interpreter's switch interval (5 ms) at each of an add's hand-overs while compaction (or
+    the scrubber) runs Python loops; letting go after every few records costs the compaction
+    a third of its speed on a busy machine, where each `sleep(0)` gives the CPU away."""
     last = time.perf_counter()
     for count, item in enumerate(items, 1):
         if count % 16 == 0 and time.perf_counter() - last >= YIELD_AFTER:
