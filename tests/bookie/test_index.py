@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.entry_log import Location
-from tally.bookie.index import Index, LedgerData
+from tally.bookie.index import CorruptMark, FoundBy, Index, LedgerData, ScrubProgress
 from tally.bookie.journal_entries import JournalLocation
 from tally.core.compaction import CompactionTimes, FileKind
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
+from tally.core.scrub import ScrubPass, ScrubTrigger
 
 MAX_ENTRY = 2**63 - 1
 EDGE_LEDGERS = [
@@ -155,7 +156,10 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     raw = rocksdict.Rdict(
         str(path),
         rocksdict.Options(raw_mode=True),
-        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage", "corrupt")},
+        {
+            name: rocksdict.Options(raw_mode=True)
+            for name in ("ledgers", "meta", "usage", "corrupt")
+        },
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"
@@ -353,6 +357,7 @@ def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Pa
     reader = Index.open_read_only(path)
     assert list(reader.usages()) == []
     assert reader.usage(FileKind.ENTRY_LOG, 0, LedgerId(0, 1)) is None
+    assert list(reader.corrupt_marks()) == []
     reader.close()
     writer = Index(path)  # the writer adds the family
     batch = writer.batch()
@@ -362,3 +367,75 @@ def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Pa
     reader = Index.open_read_only(path)
     assert list(reader.usages()) == [(FileKind.ENTRY_LOG, 0, LedgerId(0, 1), 9)]
     reader.close()
+
+
+def test_the_walk_in_pieces_covers_the_index_once(index: Index) -> None:
+    entries = {LedgerId(0, 1): list(range(7)), LedgerId(0, 2): [3], LedgerId(4, 0): [0, 1, 2]}
+    put(index, entries)
+    expected = [
+        (ledger_id, entry_id, location_of(ledger_id, entry_id))
+        for ledger_id in sorted(entries)
+        for entry_id in entries[ledger_id]
+    ]
+    walked: list[tuple[LedgerId, int, Location | JournalLocation]] = []
+    after = None
+    while True:
+        found, exhausted = index.locations_after(after, 3, 10**9)
+        assert len(found) <= 3
+        walked += found
+        if exhausted:
+            break
+        after = found[-1][:2]
+    assert walked == expected
+    first, exhausted = index.locations_after(None, 100, 150)
+    assert (len(first), exhausted) == (2, False), "stops once the sizes reach the bytes given"
+    assert index.locations_after((LedgerId(4, 0), 2), 5, 10**9) == ([], True)
+
+
+def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledger(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "index"
+    index = Index(path)
+    put(index, {LedgerId(0, 1): [0, 1, 2], LedgerId(0, 2): [0]})
+    marks = {
+        (LedgerId(0, 1), 1): CorruptMark(Location(3, 40, 99), 1234.5, FoundBy.SCRUBBER),
+        (LedgerId(0, 1), 2): CorruptMark(
+            JournalLocation(2**64 - 1, 7, 9, 0xFFFFFFFF), 1.0, FoundBy.READ
+        ),
+        (LedgerId(0, 2), 0): CorruptMark(Location(0, 20, 30), 2.0, FoundBy.COMPACTION),
+    }
+    done = ScrubPass(10.0, ScrubTrigger.SCHEDULE).plus(
+        bytes_read=2**40, entries=7, corrupt=1, unreadable=2
+    )
+    passes = [done.finished(20.0), done.at_full_speed().finished(30.0)]
+    progress = ScrubProgress(ScrubPass(40.0, ScrubTrigger.SCHEDULE), (LedgerId(0, 1), 1))
+    batch = index.batch()
+    for (ledger_id, entry_id), mark in marks.items():
+        batch.put_corrupt(ledger_id, entry_id, mark)
+    batch.put_scrub_passes(passes)
+    batch.put_scrub_progress(progress)
+    index.write(batch)
+    index.sync()
+    index.close()
+    index = Index(path)
+    assert {
+        (ledger_id, entry_id): mark for ledger_id, entry_id, mark in index.corrupt_marks()
+    } == marks
+    assert index.scrub_passes() == passes
+    assert index.scrub_progress() == progress
+    batch = index.batch()
+    batch.delete_ledger(LedgerId(0, 1))
+    batch.put_scrub_progress(ScrubProgress(progress.current, None))
+    index.write(batch)
+    assert [(ledger_id, entry_id) for ledger_id, entry_id, _ in index.corrupt_marks()] == [
+        (LedgerId(0, 2), 0)
+    ]
+    assert index.scrub_progress() == ScrubProgress(progress.current, None)
+    batch = index.batch()
+    batch.delete_corrupt(LedgerId(0, 2), 0)
+    batch.put_scrub_progress(None)
+    index.write(batch)
+    assert list(index.corrupt_marks()) == []
+    assert index.scrub_progress() is None
+    index.close()

@@ -83,9 +83,7 @@ def test_the_first_pass_starts_at_once_and_the_next_one_interval_after_the_last_
     assert plan_scrub(None, None, policy, 1000.0) == ScrubPlan(ScrubAction.STEP)
     last = complete(1000.0, 5000.0)
     assert next_pass_at(last, policy) == 5000.0 + WEEK
-    assert plan_scrub(last, None, policy, 6000.0) == ScrubPlan(
-        ScrubAction.WAIT, wait=WEEK - 1000.0
-    )
+    assert plan_scrub(last, None, policy, 6000.0) == ScrubPlan(ScrubAction.WAIT, wait=WEEK - 1000.0)
     assert plan_scrub(last, None, policy, 5000.0 + WEEK) == ScrubPlan(ScrubAction.STEP)
 
 
@@ -129,7 +127,8 @@ def test_a_pass_is_scheduled_exactly_when_due(
         assert plan.action is ScrubAction.WAIT
         assert plan.wait is not None
         assert 0 < plan.wait <= interval
-        assert last is not None and last.ended is not None
+        assert last is not None
+        assert last.ended is not None
         if now >= last.ended:
             assert now + plan.wait == pytest.approx(due)
 

@@ -201,9 +201,7 @@ class CorruptMark:
     found_by: FoundBy
 
     def to_bytes(self) -> bytes:
-        return _MARK.pack(self.found_at, _FOUND_BY[self.found_by]) + _packed_location(
-            self.location
-        )
+        return _MARK.pack(self.found_at, _FOUND_BY[self.found_by]) + _packed_location(self.location)
 
     @classmethod
     def from_bytes(cls, raw: bytes, ledger_id: LedgerId, entry_id: int) -> Self:
@@ -455,9 +453,7 @@ class Index:
             self._usage_handle = (
                 self._db.get_column_family_handle(_USAGE_FAMILY) if _USAGE_FAMILY in names else None
             )
-            self._corrupt_db = (
-                self._db.get_column_family(_CORRUPT) if _CORRUPT in names else None
-            )
+            self._corrupt_db = self._db.get_column_family(_CORRUPT) if _CORRUPT in names else None
             self._corrupt_handle = (
                 self._db.get_column_family_handle(_CORRUPT) if _CORRUPT in names else None
             )

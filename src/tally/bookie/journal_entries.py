@@ -105,9 +105,7 @@ class JournalEntries:
         _, _, size, crc = location
         where = self._where(location, ledger_id, entry_id)
         if len(raw) < ENTRY_HEAD.size + size:
-            raise EntryCorrupt(
-                f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes"
-            )
+            raise EntryCorrupt(f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes")
         kind, scope, ledger, entry, _, head_crc = ENTRY_HEAD.unpack_from(raw)
         if (kind, scope, ledger, entry, head_crc) != (
             RecordType.ENTRY,

@@ -157,9 +157,7 @@ class _Counters:
     entries_kept_in_journal: int = 0
     last_checkpoint_seconds: float = 0.0
     checkpoint_seconds_total: float = 0.0
-    corrupt_marked: dict[FoundBy, int] = field(
-        default_factory=lambda: dict.fromkeys(FoundBy, 0)
-    )
+    corrupt_marked: dict[FoundBy, int] = field(default_factory=lambda: dict.fromkeys(FoundBy, 0))
 
 
 @dataclass(frozen=True, slots=True)

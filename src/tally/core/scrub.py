@@ -61,9 +61,7 @@ class ScrubPass:
     def complete(self) -> bool:
         return self.ended is not None
 
-    def plus(
-        self, *, bytes_read: int, entries: int, corrupt: int, unreadable: int
-    ) -> ScrubPass:
+    def plus(self, *, bytes_read: int, entries: int, corrupt: int, unreadable: int) -> ScrubPass:
         """The pass after one more step."""
         return replace(
             self,

@@ -1,0 +1,395 @@
+"""Scrubbing ledger storage: every stored entry read back and checked, corrupt copies marked
+(kept, answered as EntryCorrupt, never NoSuchEntry) until a good copy is written over them,
+the passes recorded across restarts, and no false alarm from entries that compaction moves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tally.bookie.compactor import GcSettings
+from tally.bookie.entry_log import RECORD_HEADER_SIZE, Location, log_file_name
+from tally.bookie.index import FoundBy
+from tally.bookie.journal_entries import JournalLocation
+from tally.bookie.journal_format import file_name
+from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.scrubber import STEP_ENTRIES
+from tally.core.digest import crc32c
+from tally.core.errors import (
+    EntryCorrupt,
+    EntryUnreadable,
+    IllegalOperation,
+    NoSuchEntry,
+    NoSuchLedger,
+)
+from tally.core.ids import LedgerId
+from tally.core.scrub import ScrubTrigger
+from tests.bookie.test_compactor import (
+    LEDGERS,
+    LOG_SIZE,
+    ROOMY,
+    add,
+    body,
+    check_all,
+    delete,
+    fill,
+    opened_with_journal,
+    with_kept_entries,
+)
+
+EVERYTHING = 1 << 40
+Found = list[tuple[LedgerId, list[int]]]
+
+
+def opened(directory: Path, found: Found | None = None) -> LedgerStorage:
+    return LedgerStorage(
+        directory,
+        log_size_limit=LOG_SIZE,
+        gc=GcSettings(),
+        disk_space=lambda: ROOMY,
+        on_corrupt=None
+        if found is None
+        else lambda ledger, entries: found.append((ledger, entries)),
+    )
+
+
+def scrub_pass(storage: LedgerStorage, budget: int = EVERYTHING, **options: bool):  # type: ignore[no-untyped-def]
+    """Steps until the pass under way (or a new one) is complete; the complete pass."""
+    for _ in range(100_000):
+        step = storage.scrub(budget, **options)
+        if step.scrub.complete:
+            return step.scrub
+    raise AssertionError("the pass never ended")
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0x5A]))
+
+
+def flip_entry(storage: LedgerStorage, ledger_id: LedgerId, entry_id: int, within: int) -> None:
+    """Flip a byte of the entry's stored copy, `within` bytes into its record (its header
+    for an entry log record below RECORD_HEADER_SIZE). Not in the last block of the log
+    being written while it is open: its direct writes would write that block again."""
+    location = storage._index.location(ledger_id, entry_id)
+    if isinstance(location, JournalLocation):
+        assert storage._journal is not None
+        flip(storage._journal.directory / file_name(location.file_id), location.offset + within)
+    else:
+        assert isinstance(location, Location)
+        flip(storage.directory / "logs" / log_file_name(location.log_id), location.offset + within)
+
+
+def test_a_pass_over_healthy_storage_checks_every_entry_and_finds_nothing(tmp_path: Path) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:6], 30)
+    first = scrub_pass(storage)
+    assert first.entries == len(model)
+    assert first.bytes >= sum(len(data) + RECORD_HEADER_SIZE for data in model.values())
+    assert (first.corrupt, first.unreadable) == (0, 0)
+    assert first.trigger is ScrubTrigger.SCHEDULE
+    assert first.ended is not None
+    assert first.ended >= first.started
+    assert storage.corrupt_entries() == []
+    stats = storage.stats().scrub
+    assert (stats.entries, stats.passes, stats.last_complete) == (len(model), 1, first.ended)
+    storage.close()
+
+
+def test_flipped_bytes_in_entry_logs_are_found_marked_and_answered_as_corrupt(
+    tmp_path: Path,
+) -> None:
+    found: Found = []
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:4], 30)
+    storage.close()
+    # stopped: the bytes of one entry, and the header of another (it names another entry)
+    bad_bytes, bad_header = (LEDGERS[1], 7), (LEDGERS[2], 20)
+    storage = opened(tmp_path / "bookie", found)
+    flip_entry(storage, *bad_bytes, within=RECORD_HEADER_SIZE + 3)
+    flip_entry(storage, *bad_header, within=RECORD_HEADER_SIZE - 1)
+    done = scrub_pass(storage, budget=64 << 10)
+    assert (done.entries, done.corrupt, done.unreadable) == (len(model), 2, 0)
+    assert found == [(bad_bytes[0], [bad_bytes[1]]), (bad_header[0], [bad_header[1]])]
+    listed = storage.corrupt_entries()
+    assert [(c.ledger_id, c.entry_id) for c in listed] == [bad_bytes, bad_header]
+    assert all(c.mark.found_by is FoundBy.SCRUBBER for c in listed)
+    assert [c.entry_id for c in storage.corrupt_entries(bad_bytes[0])] == [bad_bytes[1]]
+    assert storage.corrupt_entries(LEDGERS[0]) == []
+    for key in (bad_bytes, bad_header):
+        with pytest.raises(EntryCorrupt, match="found corrupt by the scrubber") as raised:
+            storage.get_entry(*key)
+        assert isinstance(raised.value, EntryUnreadable)
+        assert not isinstance(raised.value, NoSuchEntry)
+        del model[key]
+    check_all(storage, model)
+    assert bad_bytes[1] in storage.availability(bad_bytes[0]), "the index keeps it"
+    stats = storage.stats()
+    assert (stats.corrupt_entries, stats.corrupt_marked[FoundBy.SCRUBBER]) == (2, 2)
+    assert stats.scrub.corrupt == 2
+    # while running: another flip, found by the next pass; the known ones again, not new
+    flip_entry(storage, LEDGERS[3], 0, within=RECORD_HEADER_SIZE)
+    again = scrub_pass(storage)
+    assert again.corrupt == 3
+    assert found[2:] == [(LEDGERS[3], [0])]
+    assert storage.stats().corrupt_marked[FoundBy.SCRUBBER] == 3
+    storage.close()
+
+
+def test_a_corrupt_entry_kept_in_a_journal_file_is_found(tmp_path: Path) -> None:
+    storage, model, _, _ = with_kept_entries(tmp_path)
+    found: Found = []
+    storage._on_corrupt = lambda ledger, entries: found.append((ledger, entries))
+    victim = (LEDGERS[2], 5)
+    assert isinstance(storage._index.location(*victim), JournalLocation)
+    flip_entry(storage, *victim, within=100)
+    done = scrub_pass(storage)
+    assert (done.entries, done.corrupt) == (len(model), 1)
+    assert found == [(victim[0], [victim[1]])]
+    with pytest.raises(EntryCorrupt):
+        storage.get_entry(*victim)
+    del model[victim]
+    check_all(storage, model)
+    storage.close()
+    storage = opened_with_journal(tmp_path)
+    with pytest.raises(EntryCorrupt, match="journal file"):
+        storage.get_entry(*victim)
+    storage.close()
+
+
+def test_a_read_that_finds_a_bad_copy_marks_it(tmp_path: Path) -> None:
+    found: Found = []
+    storage = opened(tmp_path / "bookie", found)
+    model = fill(storage, LEDGERS[:2], 10)
+    victim = (LEDGERS[0], 3)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 1)
+    with pytest.raises(EntryCorrupt, match="CRC32C"):
+        storage.get_entry(*victim)
+    assert found == [(victim[0], [victim[1]])]
+    [listed] = storage.corrupt_entries()
+    assert (listed.ledger_id, listed.entry_id, listed.mark.found_by) == (*victim, FoundBy.READ)
+    with pytest.raises(EntryCorrupt, match="found corrupt by the read"):
+        storage.get_entry(*victim)
+    assert found == [(victim[0], [victim[1]])], "reported once"
+    done = scrub_pass(storage)
+    assert done.corrupt == 1
+    assert storage.corrupt_entries() == [listed], "the scrubber keeps the read's mark"
+    assert storage.stats().read_errors == 2
+    del model[victim]
+    check_all(storage, model)
+    storage.close()
+
+
+def test_marks_and_passes_survive_a_restart_and_a_pass_goes_on_where_it_was(
+    tmp_path: Path,
+) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:5], 40, rounds=4)
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    victim = (LEDGERS[4], 39)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE)
+    first = scrub_pass(storage)
+    assert first.corrupt == 1
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    current, passes = storage.scrub_passes()
+    assert current is None
+    assert passes == [first]
+    assert storage.stats().scrub.last_complete == first.ended
+    [listed] = storage.corrupt_entries()
+    assert (listed.ledger_id, listed.entry_id) == victim
+    with pytest.raises(EntryCorrupt):
+        storage.get_entry(*victim)
+    # a second pass, stopped after a few steps, goes on after a restart
+    for _ in range(3):
+        step = storage.scrub(2000)
+        assert not step.scrub.complete
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    current, passes = storage.scrub_passes()
+    assert current is not None
+    assert 0 < current.entries < len(model)
+    second = scrub_pass(storage, budget=2000)
+    assert second.started == current.started
+    assert second.entries == len(model), "no entry checked twice, none left out"
+    assert second.corrupt == 1
+    assert storage.scrub_passes() == (None, [first, second])
+    storage.close()
+
+
+def test_an_operator_pass_runs_at_full_speed_and_says_so(tmp_path: Path) -> None:
+    storage = opened(tmp_path / "bookie")
+    fill(storage, LEDGERS[:2], 10)
+    step = storage.scrub(100)
+    assert step.scrub.trigger is ScrubTrigger.SCHEDULE
+    assert scrub_pass(storage, full_speed=True).trigger is ScrubTrigger.OPERATOR
+    assert scrub_pass(storage, full_speed=True).trigger is ScrubTrigger.OPERATOR
+    assert len(storage.scrub_passes()[1]) == 2
+    storage.close()
+
+
+def test_a_repair_add_replaces_only_a_copy_marked_corrupt_and_ends_its_mark(
+    tmp_path: Path,
+) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:2], 10)
+    victim, healthy = (LEDGERS[0], 4), (LEDGERS[0], 5)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 2)
+    assert scrub_pass(storage).corrupt == 1
+
+    def repair(key: tuple[LedgerId, int], version: int) -> bytes:
+        data = body(*key, version=version)
+        storage.add_entry(*key, crc32c(data), data, key[1] - 1, repair=True)
+        return data
+
+    with pytest.raises(IllegalOperation, match="replaces only a copy marked corrupt"):
+        repair(healthy, 1)
+    with pytest.raises(IllegalOperation, match="replaces only a copy marked corrupt"):
+        repair((LEDGERS[0], 10), 1)  # none held
+    assert storage.get_entry(*healthy)[1] == model[healthy]
+    model[victim] = repair(victim, 0)
+    assert storage.get_entry(*victim)[1] == model[victim], "served from the write cache"
+    assert storage.corrupt_entries() == [], "replaced, waiting for its checkpoint"
+    model[victim] = repair(victim, 0)  # a repair sent twice is accepted
+    storage.checkpoint(b"repaired")
+    assert storage.stats().corrupt_entries == 0
+    check_all(storage, model)
+    with pytest.raises(IllegalOperation):
+        repair(victim, 0)
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    assert storage.corrupt_entries() == []
+    check_all(storage, model)
+    assert scrub_pass(storage).corrupt == 0
+    storage.close()
+
+
+def test_a_plain_re_add_also_ends_a_mark_and_a_delete_or_forget_drops_them(
+    tmp_path: Path,
+) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:3], 10)
+    bad = [(LEDGERS[0], 1), (LEDGERS[1], 2), (LEDGERS[1], 3), (LEDGERS[2], 4)]
+    for key in bad:
+        flip_entry(storage, *key, within=RECORD_HEADER_SIZE)
+    assert scrub_pass(storage).corrupt == 4
+    model[bad[0]] = add(storage, *bad[0], version=2)
+    storage.checkpoint(b"re-added")
+    storage.delete_ledger(LEDGERS[1])
+    assert storage.forget_entries(LEDGERS[2], [4]) == 1
+    assert storage.corrupt_entries() == []
+    assert storage.stats().corrupt_entries == 0
+    with pytest.raises(NoSuchLedger):
+        storage.get_entry(*bad[1])
+    with pytest.raises(NoSuchEntry):
+        storage.get_entry(*bad[3])
+    assert storage.get_entry(*bad[0])[1] == model[bad[0]]
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    assert storage.corrupt_entries() == []
+    storage.close()
+
+
+def test_a_marked_copy_that_checks_out_again_is_unmarked(tmp_path: Path) -> None:
+    """A read that went wrong on the way (say) must not leave a good copy unusable."""
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:1], 10)
+    victim = (LEDGERS[0], 6)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 5)
+    with pytest.raises(EntryCorrupt):
+        storage.get_entry(*victim)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 5)  # back as it was
+    assert scrub_pass(storage).corrupt == 0
+    assert storage.corrupt_entries() == []
+    check_all(storage, model)
+    storage.close()
+
+
+def test_entries_moved_by_compaction_under_the_scrubber_are_not_corrupt(tmp_path: Path) -> None:
+    """The scrubber's look-up is older than the compaction that moved the entries and
+    deleted their files: each failed read is looked up again, and found moved."""
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:8], 40)
+    delete(storage, model, LEDGERS[2:8])
+    before, _ = storage._index.locations_after(None, STEP_ENTRIES, EVERYTHING)
+    report = storage.collect_garbage(time.time(), force_major=True)
+    assert report.moved_entries > 0
+    moved = {key[:2] for key in before if storage._index.location(*key[:2]) != key[2]}
+    assert len(moved) > len(model) // 2
+    walk = storage._index.locations_after
+    storage._index.locations_after = lambda after, count, size: (before, True)  # type: ignore[method-assign]
+    stale = storage.scrub(EVERYTHING).scrub
+    storage._index.locations_after = walk  # type: ignore[method-assign]
+    assert (stale.entries, stale.corrupt, stale.unreadable) == (len(before), 0, 0)
+    assert storage.corrupt_entries() == []
+    check_all(storage, model)
+    storage.close()
+
+
+def test_scrubbing_while_compacting_adding_and_checkpointing_finds_nothing(
+    tmp_path: Path,
+) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS, 40)
+    delete(storage, model, LEDGERS[1::2])
+    stop = threading.Event()
+    problems: list[BaseException] = []
+
+    def scrubbing() -> None:
+        try:
+            while not stop.is_set():
+                storage.scrub(8 << 10)
+        except BaseException as error:
+            problems.append(error)
+
+    scrubber = threading.Thread(target=scrubbing)
+    scrubber.start()
+    try:
+        for round_number in range(3):
+            for ledger_id in LEDGERS[:6:2]:
+                for entry_id in range(40 + 5 * round_number, 45 + 5 * round_number):
+                    model[ledger_id, entry_id] = add(storage, ledger_id, entry_id)
+                model[ledger_id, 3] = add(storage, ledger_id, 3, version=round_number + 1)
+            storage.checkpoint(b"round %d" % round_number)
+            storage.collect_garbage(time.time(), force_major=True)
+    finally:
+        stop.set()
+        scrubber.join()
+    assert problems == []
+    done = scrub_pass(storage, budget=8 << 10)
+    assert (done.corrupt, done.unreadable) == (0, 0)
+    assert storage.stats().scrub.corrupt == 0
+    assert storage.corrupt_entries() == []
+    check_all(storage, model)
+    storage.close()
+
+
+def test_compaction_never_copies_a_corrupt_record_as_good(tmp_path: Path) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:4], 40)
+    victim = (LEDGERS[0], 12)
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 9)
+    location = storage._index.location(*victim)
+    delete(storage, model, LEDGERS[1:4])
+    report = storage.collect_garbage(time.time(), force_major=True)
+    assert any("cannot be read through" in failure for failure in report.failures)
+    assert storage._index.location(*victim) == location, "left where it was"
+    with pytest.raises(EntryCorrupt):
+        storage.get_entry(*victim)
+    assert scrub_pass(storage).corrupt == 1
+    storage.close()
+
+
+def test_closing_the_storage_stops_scrubbing(tmp_path: Path) -> None:
+    storage = opened(tmp_path / "bookie")
+    fill(storage, LEDGERS[:1], 4)
+    storage.close()
+    with pytest.raises(IllegalOperation, match="closing"):
+        storage.scrub(EVERYTHING)
