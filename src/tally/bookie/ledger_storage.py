@@ -227,7 +227,12 @@ class LedgerStorage:
         self._scrub_found: list[tuple[LedgerId, int]] = []
         """Marked by the step of the scrubber under way (its thread's only)."""
         self._scrubber = Scrubber(
-            self._index, self._log, journal_entries, self._settle, self._verified
+            self._index,
+            self._log,
+            journal_entries,
+            self._settle,
+            self._verified,
+            self._drop_stale_marks,
         )
         self._compactor = Compactor(
             self._index,
@@ -620,8 +625,6 @@ class LedgerStorage:
         written (the step's marks may be lost: the next pass finds them again)."""
         step = self._scrubber.step(budget, full_speed=full_speed)
         found, self._scrub_found = self._scrub_found, []
-        if step.scrub.complete:
-            self._drop_stale_marks()
         self._report(found)
         return step
 
@@ -731,7 +734,8 @@ class LedgerStorage:
 
     def _drop_stale_marks(self) -> None:
         """Remove the marks of copies the index no longer points to (a compaction moved a
-        copy that had been found bad and checked out when copied, say)."""
+        copy that had been found bad and checked out when copied, say): at the end of each
+        scrub pass."""
         with self._lock:
             stale = [
                 key

@@ -136,14 +136,17 @@ class Scrubber:
         journal: JournalEntries | None,
         settle: Settle,
         verified: Verified,
+        pass_ended: Callable[[], None],
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`pass_ended` is called when a pass is complete, before its step returns."""
         self._index = index
         self._log = entry_log
         self._journal = journal
         self._settle = settle
         self._verified = verified
+        self._pass_ended = pass_ended
         self._clock = clock
         self._running = threading.Lock()
         self._stopping = threading.Event()
@@ -218,6 +221,7 @@ class Scrubber:
                 self._index.sync()  # a pass's record, and the marks, survive a crash
             self._count(done, len(items), scrub)
             if exhausted:
+                self._pass_ended()
                 log.info(
                     "scrub pass (%s) complete in %.0f s: %d entries, %d bytes checked, %d "
                     "corrupt, %d unreadable",
