@@ -371,19 +371,51 @@ def test_scrubbing_while_compacting_adding_and_checkpointing_finds_nothing(
     storage.close()
 
 
-def test_compaction_never_copies_a_corrupt_record_as_good(tmp_path: Path) -> None:
-    storage = opened(tmp_path / "bookie")
+def test_compaction_never_copies_a_corrupt_record_and_compacts_the_file_once_it_is_repaired(
+    tmp_path: Path,
+) -> None:
+    found: Found = []
+    storage = opened(tmp_path / "bookie", found)
     model = fill(storage, LEDGERS[:4], 40)
     victim = (LEDGERS[0], 12)
     flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 9)
     location = storage._index.location(*victim)
+    assert isinstance(location, Location)
     delete(storage, model, LEDGERS[1:4])
     report = storage.collect_garbage(time.time(), force_major=True)
     assert any("cannot be read through" in failure for failure in report.failures)
+    assert location.log_id not in report.compacted_entry_logs
     assert storage._index.location(*victim) == location, "left where it was"
-    with pytest.raises(EntryCorrupt):
+    moved_past = [
+        key
+        for key in model
+        if key != victim
+        and storage._index.location(*key) is not None
+        and storage._index.location(*key).log_id != location.log_id  # type: ignore[union-attr]
+    ]
+    assert len(moved_past) == len(model) - 1, "every other entry copied out of the file"
+    [listed] = storage.corrupt_entries()
+    assert (listed.ledger_id, listed.entry_id, listed.mark.found_by) == (
+        *victim,
+        FoundBy.COMPACTION,
+    )
+    assert found == [(victim[0], [victim[1]])]
+    with pytest.raises(EntryCorrupt, match="found corrupt by the compaction"):
         storage.get_entry(*victim)
-    assert scrub_pass(storage).corrupt == 1
+    del model[victim]
+    check_all(storage, model)
+    # repaired: the rotten record is garbage, and the file goes at the next compaction
+    data = body(*victim)
+    storage.add_entry(*victim, crc32c(data), data, victim[1] - 1, repair=True)
+    storage.checkpoint(b"repaired")
+    model[victim] = data
+    report = storage.collect_garbage(time.time(), force_major=True)
+    assert location.log_id in report.compacted_entry_logs
+    assert report.failures == ()
+    assert not (storage.directory / "logs" / log_file_name(location.log_id)).exists()
+    check_all(storage, model)
+    assert storage.corrupt_entries() == []
+    assert scrub_pass(storage).corrupt == 0
     storage.close()
 
 

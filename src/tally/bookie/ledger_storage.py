@@ -241,6 +241,7 @@ class LedgerStorage:
             self._maintenance,
             self.kept_journal_files,
             self._drop_kept_files,
+            self._compaction_found_corrupt,
             gc or GcSettings(),
             disk_space=disk_space or disk_space_of(directory),
         )
@@ -706,6 +707,17 @@ class LedgerStorage:
         if self._index.location(ledger_id, entry_id) != location:
             return Verdict.HEALTHY
         return Verdict.UNREADABLE
+
+    def _compaction_found_corrupt(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        problem: str,
+    ) -> None:
+        _, new = self._mark_corrupt(ledger_id, entry_id, location, FoundBy.COMPACTION, problem)
+        if new:
+            self._report([(ledger_id, entry_id)])
 
     def _verified(
         self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
