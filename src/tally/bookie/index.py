@@ -73,6 +73,7 @@ Int64Array = npt.NDArray[np.int64]
 
 _ENTRY_KEY = struct.Struct(">QQQ")
 _LEDGER_KEY = struct.Struct(">QQ")
+_ENTRY_ID = struct.Struct(">Q")
 _LOCATION = struct.Struct(">IQI")
 _JOURNAL_LOCATION = struct.Struct(">QQII")
 _FILE_ID = struct.Struct(">Q")
@@ -654,13 +655,20 @@ class Index:
             start = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id) + b"\x00"
         found: list[tuple[LedgerId, int, Location | JournalLocation]] = []
         total = 0
+        ledger_id = LedgerId(0, 0)
+        prefix = b""
         try:
             for key, value in cast(Iterator[tuple[bytes, bytes]], self._db.items(from_key=start)):
                 if len(found) >= count or total >= max_bytes:
                     return found, False
-                scope, ledger, entry_id = _ENTRY_KEY.unpack(key)
-                ledger_id = LedgerId(scope, ledger)
-                location = _location(value, ledger_id, entry_id)
+                if key[:16] != prefix:  # one LedgerId for each ledger's run of entries
+                    prefix = key[:16]
+                    ledger_id = LedgerId(*_LEDGER_KEY.unpack(prefix))
+                entry_id = _ENTRY_ID.unpack_from(key, 16)[0]
+                if len(value) == _LOCATION.size:
+                    location: Location | JournalLocation = Location._make(_LOCATION.unpack(value))
+                else:
+                    location = _location(value, ledger_id, entry_id)
                 found.append((ledger_id, entry_id, location))
                 total += location.size
         except TallyError:

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from tally.bookie.compactor import yielding
@@ -113,6 +113,8 @@ class ScrubStats:
 
 
 _Item = tuple[LedgerId, int, Location | JournalLocation]
+_Record = tuple[int, int, LedgerId, int, Location | JournalLocation]
+"""An entry to check: where its record begins and ends in its file, its ids and location."""
 
 
 @dataclass(slots=True)
@@ -248,21 +250,29 @@ class Scrubber:
     def _check(self, items: list[_Item]) -> _Tally:
         """Read and check the entries, a span of their files at a time."""
         done = _Tally()
-        by_file: dict[tuple[bool, int], list[_Item]] = defaultdict(list)
-        for item in items:
-            location = item[2]
-            by_file[isinstance(location, JournalLocation), location[0]].append(item)
+        by_file: dict[tuple[bool, int], list[_Record]] = defaultdict(list)
+        head = ENTRY_HEAD.size
+        for ledger_id, entry_id, location in items:
+            offset, end = location.offset, location.offset + location.size
+            if type(location) is JournalLocation:
+                by_file[True, location.file_id].append(
+                    (offset - head, end, ledger_id, entry_id, location)
+                )
+            else:
+                by_file[False, location[0]].append((offset, end, ledger_id, entry_id, location))
         for (in_journal, file_id), records in sorted(by_file.items()):
-            records.sort(key=lambda item: item[2].offset)
+            records.sort(key=_first)
             for span in _spans(records):
                 if self._stopping.is_set():
                     raise _Stopped
                 self._check_span(in_journal, file_id, span, done)
         return done
 
-    def _check_span(self, in_journal: bool, file_id: int, span: list[_Item], done: _Tally) -> None:
-        start = _start(span[0][2])
-        size = _end(span[-1][2]) - start
+    def _check_span(
+        self, in_journal: bool, file_id: int, span: list[_Record], done: _Tally
+    ) -> None:
+        start = span[0][0]
+        size = span[-1][1] - start
         raw: bytes | None = None
         try:
             if not in_journal:
@@ -272,28 +282,31 @@ class Scrubber:
         except EntryUnreadable:
             raw = None  # read again record by record: which of them cannot be read
         if raw is None:
-            for item in yielding(span):
-                self._check_alone(item, done)
+            for _, _, ledger_id, entry_id, location in yielding(span):
+                self._check_alone(ledger_id, entry_id, location, done)
             return
         done.bytes += len(raw)
+        check = self._journal.check if in_journal and self._journal else self._log.check
+        verified = self._verified
         with memoryview(raw) as view:
-            for ledger_id, entry_id, location in yielding(span):
-                record = view[_start(location) - start : _end(location) - start]
+            for first, end, ledger_id, entry_id, location in yielding(span):
+                record = view[first - start : end - start]
                 try:
-                    if isinstance(location, JournalLocation):
-                        assert self._journal is not None
-                        self._journal.check(record, location, ledger_id, entry_id)
-                    else:
-                        self._log.check(record, location, ledger_id, entry_id)
+                    check(record, location, ledger_id, entry_id)  # type: ignore[arg-type]
                 except EntryCorrupt as error:
                     self._judge(ledger_id, entry_id, location, error, done)
                     continue
                 finally:
                     record.release()
-                self._verified(ledger_id, entry_id, location)
+                verified(ledger_id, entry_id, location)
 
-    def _check_alone(self, item: _Item, done: _Tally) -> None:
-        ledger_id, entry_id, location = item
+    def _check_alone(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        done: _Tally,
+    ) -> None:
         try:
             if isinstance(location, JournalLocation):
                 if self._journal is None:
@@ -309,7 +322,9 @@ class Scrubber:
                 log.error("scrub: %s", error)
             return
         finally:
-            done.bytes += _end(location) - _start(location)
+            done.bytes += location.size + (
+                ENTRY_HEAD.size if type(location) is JournalLocation else 0
+            )
         self._verified(ledger_id, entry_id, location)
 
     def _judge(
@@ -329,29 +344,22 @@ class Scrubber:
         return verdict
 
 
-def _start(location: Location | JournalLocation) -> int:
-    """Where the record of the entry at `location` begins in its file."""
-    if isinstance(location, JournalLocation):
-        return location.offset - ENTRY_HEAD.size
-    return location.offset
+def _first(record: _Record) -> int:
+    return record[0]
 
 
-def _end(location: Location | JournalLocation) -> int:
-    return location.offset + location.size
-
-
-def _spans(records: Iterable[_Item]) -> Iterable[list[_Item]]:
+def _spans(records: Iterable[_Record]) -> Iterator[list[_Record]]:
     """The records of one file, by offset, in runs read at once."""
-    span: list[_Item] = []
-    for item in records:
-        location = item[2]
-        if span and (
-            _start(location) - _end(span[-1][2]) > GAP
-            or _end(location) - _start(span[0][2]) > SPAN_BYTES
-            or _start(location) < _end(span[-1][2])
-        ):
+    span: list[_Record] = []
+    span_start = span_end = 0
+    for record in records:
+        start, end = record[0], record[1]
+        if span and (start - span_end > GAP or end - span_start > SPAN_BYTES or start < span_end):
             yield span
             span = []
-        span.append(item)
+        if not span:
+            span_start = start
+        span.append(record)
+        span_end = end
     if span:
         yield span
