@@ -314,6 +314,9 @@ def test_usage_counts_by_file_and_ledger(tmp_path: Path) -> None:
         (journal, 3, LedgerId(0, 1), 40),
     ]
     assert index.usage(log, 4, LedgerId(0, 1)) is None
+    assert index.file_usage(log, 3) == {LedgerId(0, 1): 70, high: 0}
+    assert index.file_usage(journal, 3) == {LedgerId(0, 1): 40}
+    assert index.file_usage(log, 4) == {}
     batch = index.batch()
     batch.delete_file_usage(log, 3)
     batch.delete_usage(journal, 3, LedgerId(0, 1))
@@ -369,29 +372,6 @@ def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Pa
     reader.close()
 
 
-def test_the_walk_in_pieces_covers_the_index_once(index: Index) -> None:
-    entries = {LedgerId(0, 1): list(range(7)), LedgerId(0, 2): [3], LedgerId(4, 0): [0, 1, 2]}
-    put(index, entries)
-    expected = [
-        (ledger_id, entry_id, location_of(ledger_id, entry_id))
-        for ledger_id in sorted(entries)
-        for entry_id in entries[ledger_id]
-    ]
-    walked: list[tuple[LedgerId, int, Location | JournalLocation]] = []
-    after = None
-    while True:
-        found, exhausted = index.locations_after(after, 3, 10**9)
-        assert len(found) <= 3
-        walked += found
-        if exhausted:
-            break
-        after = found[-1][:2]
-    assert walked == expected
-    first, exhausted = index.locations_after(None, 100, 150)
-    assert (len(first), exhausted) == (2, False), "stops once the sizes reach the bytes given"
-    assert index.locations_after((LedgerId(4, 0), 2), 5, 10**9) == ([], True)
-
-
 def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledger(
     tmp_path: Path,
 ) -> None:
@@ -409,7 +389,9 @@ def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledg
         bytes_read=2**40, entries=7, corrupt=1, unreadable=2
     )
     passes = [done.finished(20.0), done.at_full_speed().finished(30.0)]
-    progress = ScrubProgress(ScrubPass(40.0, ScrubTrigger.SCHEDULE), (LedgerId(0, 1), 1))
+    progress = ScrubProgress(
+        ScrubPass(40.0, ScrubTrigger.SCHEDULE), (FileKind.JOURNAL, 2**64 - 1), -1
+    )
     batch = index.batch()
     for (ledger_id, entry_id), mark in marks.items():
         batch.put_corrupt(ledger_id, entry_id, mark)
@@ -426,12 +408,12 @@ def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledg
     assert index.scrub_progress() == progress
     batch = index.batch()
     batch.delete_ledger(LedgerId(0, 1))
-    batch.put_scrub_progress(ScrubProgress(progress.current, None))
+    batch.put_scrub_progress(ScrubProgress(progress.current, (FileKind.ENTRY_LOG, 3), 4096))
     index.write(batch)
     assert [(ledger_id, entry_id) for ledger_id, entry_id, _ in index.corrupt_marks()] == [
         (LedgerId(0, 2), 0)
     ]
-    assert index.scrub_progress() == ScrubProgress(progress.current, None)
+    assert index.scrub_progress() == ScrubProgress(progress.current, (FileKind.ENTRY_LOG, 3), 4096)
     batch = index.batch()
     batch.delete_corrupt(LedgerId(0, 2), 0)
     batch.put_scrub_progress(None)

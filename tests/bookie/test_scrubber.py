@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tally.bookie import scrubber
 from tally.bookie.compactor import GcSettings
 from tally.bookie.entry_log import RECORD_HEADER_SIZE, Location, log_file_name
 from tally.bookie.index import FoundBy
 from tally.bookie.journal_entries import JournalLocation
 from tally.bookie.journal_format import file_name
 from tally.bookie.ledger_storage import LedgerStorage
-from tally.bookie.scrubber import STEP_ENTRIES
+from tally.bookie.scrubber import Verdict
 from tally.core.digest import crc32c
 from tally.core.errors import (
     EntryCorrupt,
@@ -139,6 +140,49 @@ def test_flipped_bytes_in_entry_logs_are_found_marked_and_answered_as_corrupt(
     assert again.corrupt == 3
     assert found[2:] == [(LEDGERS[3], [0])]
     assert storage.stats().corrupt_marked[FoundBy.SCRUBBER] == 3
+    storage.close()
+
+
+@pytest.mark.parametrize(
+    ("within", "what"),
+    [(0, "its length's top byte: past the end"), (3, "its length's low byte: a wrong path")],
+)
+def test_a_rotten_record_length_loses_no_entry_past_it(
+    tmp_path: Path, within: int, what: str
+) -> None:
+    """The parse of the log cannot go on (or goes astray) past a record whose length rotted:
+    the entries the index places in the log that the parse did not find are read alone."""
+    found: Found = []
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:3], 30)
+    storage.close()
+    storage = opened(tmp_path / "bookie", found)
+    victim = (LEDGERS[1], 4)
+    flip_entry(storage, *victim, within=within)
+    done = scrub_pass(storage)
+    assert (done.entries, done.corrupt, done.unreadable) == (len(model), 1, 0), what
+    assert found == [(victim[0], [victim[1]])]
+    with pytest.raises(EntryCorrupt, match="found corrupt by the scrubber"):
+        storage.get_entry(*victim)
+    del model[victim]
+    check_all(storage, model)
+    storage.close()
+
+
+def test_records_longer_than_a_read_are_checked_in_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scrubber, "READ_BYTES", 256)
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:2], 20)
+    storage.close()
+    storage = opened(tmp_path / "bookie")
+    victim = (LEDGERS[0], 9)
+    assert len(model[victim]) > 256
+    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + len(model[victim]) - 1)
+    done = scrub_pass(storage)
+    assert (done.entries, done.corrupt) == (len(model), 1)
+    assert [(c.ledger_id, c.entry_id) for c in storage.corrupt_entries()] == [victim]
     storage.close()
 
 
@@ -313,21 +357,35 @@ def test_a_marked_copy_that_checks_out_again_is_unmarked(tmp_path: Path) -> None
 
 
 def test_entries_moved_by_compaction_under_the_scrubber_are_not_corrupt(tmp_path: Path) -> None:
-    """The scrubber's look-up is older than the compaction that moved the entries and
-    deleted their files: each failed read is looked up again, and found moved."""
+    """Compaction moves the entries of the log the scrubber has just read, and deletes it:
+    the records it then checks are not where the index points any more, and a rotten copy
+    found where it still pointed is looked up again, and found moved."""
     storage = opened(tmp_path / "bookie")
     model = fill(storage, LEDGERS[:8], 40)
     delete(storage, model, LEDGERS[2:8])
-    before, _ = storage._index.locations_after(None, STEP_ENTRIES, EVERYTHING)
-    report = storage.collect_garbage(time.time(), force_major=True)
-    assert report.moved_entries > 0
-    moved = {key[:2] for key in before if storage._index.location(*key[:2]) != key[2]}
-    assert len(moved) > len(model) // 2
-    walk = storage._index.locations_after
-    storage._index.locations_after = lambda after, count, size: (before, True)  # type: ignore[method-assign]
-    stale = storage.scrub(EVERYTHING).scrub
-    storage._index.locations_after = walk  # type: ignore[method-assign]
-    assert (stale.entries, stale.corrupt, stale.unreadable) == (len(before), 0, 0)
+    read_span = storage._log.read_span
+    settle = storage._settle
+    compacted: list[int] = []
+    settled: list[Verdict] = []
+
+    def then_compact(log_id: int, offset: int, size: int) -> bytes | None:
+        raw = read_span(log_id, offset, size)
+        if not compacted:
+            report = storage.collect_garbage(time.time(), force_major=True)
+            compacted.extend(report.compacted_entry_logs)
+            assert log_id in compacted
+            assert raw is not None
+            # as if a byte had rotted in a record of it: looked up again, found moved
+            victim = next(key for key in model if storage._index.location(*key) is not None)
+            stale = Location(log_id, offset, 100)
+            settled.append(settle(*victim, stale, True, "a test's stale copy"))
+        return raw
+
+    storage._log.read_span = then_compact  # type: ignore[method-assign]
+    done = scrub_pass(storage, budget=8 << 10)
+    assert compacted
+    assert settled == [Verdict.HEALTHY]
+    assert (done.corrupt, done.unreadable) == (0, 0)
     assert storage.corrupt_entries() == []
     check_all(storage, model)
     storage.close()

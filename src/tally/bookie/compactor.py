@@ -780,15 +780,15 @@ class Compactor:
             stats.last_files = report.files
 
 
-def yielding(items: Iterable[T]) -> Iterator[T]:
-    """`items`, letting go of the GIL after each YIELD_AFTER seconds of work on them. The
+def yielding(items: Iterable[T], after: float = YIELD_AFTER) -> Iterator[T]:
+    """`items`, letting go of the GIL after each `after` seconds of work on them. The
     event loop's thread and the journal's threads otherwise wait for it up to the
     interpreter's switch interval (5 ms) at each of an add's hand-overs while compaction (or
     the scrubber) runs Python loops; letting go after every few records costs the compaction
     a third of its speed on a busy machine, where each `sleep(0)` gives the CPU away."""
     last = time.perf_counter()
     for count, item in enumerate(items, 1):
-        if count % 16 == 0 and time.perf_counter() - last >= YIELD_AFTER:
+        if count % 16 == 0 and time.perf_counter() - last >= after:
             time.sleep(0)
             last = time.perf_counter()
         yield item

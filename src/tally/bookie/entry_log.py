@@ -68,8 +68,8 @@ FORMAT_VERSION = 1
 _FILE_HEADER_FIELDS = struct.Struct(">8sII")
 _U32 = struct.Struct(">I")
 FILE_HEADER_SIZE = _FILE_HEADER_FIELDS.size + _U32.size
-_RECORD_HEADER = struct.Struct(">IIQQq")
-RECORD_HEADER_SIZE = _RECORD_HEADER.size
+RECORD_HEADER = struct.Struct(">IIQQq")
+RECORD_HEADER_SIZE = RECORD_HEADER.size
 
 DEFAULT_LOG_SIZE_LIMIT = 1 << 30
 """BookKeeper's logSizeLimit (1 GiB): the log rolls before a record would take it past this."""
@@ -194,7 +194,7 @@ class EntryLog:
             self._end + size > self.size_limit and self._end > FILE_HEADER_SIZE
         ):
             self._roll()
-        header = _RECORD_HEADER.pack(len(data), crc, ledger_id.scope, ledger_id.id, entry_id)
+        header = RECORD_HEADER.pack(len(data), crc, ledger_id.scope, ledger_id.id, entry_id)
         current = self._current
         assert current is not None
         with self._lock:
@@ -345,7 +345,7 @@ class EntryLog:
                 f"{self._where(location, ledger_id, entry_id)}: short read, "
                 f"{len(raw)} of {size} bytes"
             )
-        length, crc, scope, ledger, entry = _RECORD_HEADER.unpack_from(raw)
+        length, crc, scope, ledger, entry = RECORD_HEADER.unpack_from(raw)
         if (
             length != size - RECORD_HEADER_SIZE
             or entry != entry_id
@@ -366,11 +366,23 @@ class EntryLog:
             )
         return crc, data
 
-    def read_span(self, log_id: int, offset: int, size: int) -> bytes | None:
+    def readable_end(self, log_id: int) -> int | None:
+        """Where the bytes a reader may read of log `log_id` end (None: no such log): its
+        size, or what is flushed of the log being written."""
+        with self._lock:
+            if log_id == self._current:
+                return self._written
+        try:
+            return os.stat(self.directory / log_file_name(log_id)).st_size
+        except FileNotFoundError:
+            return None
+
+    def read_span(self, log_id: int, offset: int, size: int, *, ahead: int = 0) -> bytes | None:
         """`size` bytes of log `log_id` from `offset`, read past the page cache (what it
-        held of them is dropped): for the scrubber, which reads every record once. None if
-        part of them is still in the write buffer; EntryUnreadable if they cannot be read
-        (a short read returns fewer bytes)."""
+        held of them is dropped): for the scrubber, which reads every record once, and has
+        the kernel read the `ahead` bytes after them meanwhile. None if part of them is
+        still in the write buffer; EntryUnreadable if they cannot be read (a short read
+        returns fewer bytes)."""
         with self._lock:
             if log_id == self._current and offset + size > self._written:
                 return None
@@ -450,7 +462,7 @@ class EntryLog:
                         raise EntryUnreadable(f"{where} is zeroed")
                     if len(header) < RECORD_HEADER_SIZE:
                         raise EntryUnreadable(f"{where} is cut inside its header")
-                    length, crc, scope, ledger, entry = _RECORD_HEADER.unpack(header)
+                    length, crc, scope, ledger, entry = RECORD_HEADER.unpack(header)
                     data = file.read(length)
                     if len(data) < length:
                         raise EntryUnreadable(f"{where} is cut: {len(data)} of {length} bytes")

@@ -27,8 +27,8 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                                                          compactions finished, f64 seconds
               b"scrub_passes"                        ->  the last complete scrub passes
                                                          (ScrubPass each, oldest first)
-              b"scrub_progress"                      ->  the pass under way and the last entry
-                                                         key it checked (scrubber.py)
+              b"scrub_progress"                      ->  the pass under way, the file it
+                                                         reached and where (scrubber.py)
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -73,7 +73,6 @@ Int64Array = npt.NDArray[np.int64]
 
 _ENTRY_KEY = struct.Struct(">QQQ")
 _LEDGER_KEY = struct.Struct(">QQ")
-_ENTRY_ID = struct.Struct(">Q")
 _LOCATION = struct.Struct(">IQI")
 _JOURNAL_LOCATION = struct.Struct(">QQII")
 _FILE_ID = struct.Struct(">Q")
@@ -84,7 +83,7 @@ _UNACCOUNTED = struct.Struct(">QQ")
 _TIMES = struct.Struct(">dd")
 _MARK = struct.Struct(">dB")
 _SCRUB_PASS = struct.Struct(">ddBQQQQ")
-_SCRUB_CURSOR = struct.Struct(">BQQQ")
+_SCRUB_CURSOR = struct.Struct(">BQq")
 _TRIGGERS = {ScrubTrigger.SCHEDULE: 1, ScrubTrigger.OPERATOR: 2}
 _TRIGGERS_BY_CODE = {code: trigger for trigger, code in _TRIGGERS.items()}
 _FILE_KINDS = {FileKind.ENTRY_LOG: 1, FileKind.JOURNAL: 2}
@@ -218,10 +217,12 @@ class CorruptMark:
 
 @dataclass(frozen=True, slots=True)
 class ScrubProgress:
-    """The scrub pass under way and the last entry it checked (None: none yet)."""
+    """The scrub pass under way, the file it reached (None: none yet) and where in it (-1:
+    read through)."""
 
     current: ScrubPass
-    after: tuple[LedgerId, int] | None
+    file: FileKey | None
+    offset: int
 
 
 def _ledger_key(ledger_id: LedgerId) -> bytes:
@@ -368,11 +369,11 @@ class IndexBatch:
         if progress is None:
             self._batch.delete(_SCRUB_PROGRESS, self._index._meta_handle)
             return
-        after = progress.after
+        file = progress.file
         cursor = (
-            _SCRUB_CURSOR.pack(1, after[0].scope, after[0].id, after[1])
-            if after is not None
-            else _SCRUB_CURSOR.pack(0, 0, 0, 0)
+            _SCRUB_CURSOR.pack(_FILE_KINDS[file[0]], file[1], progress.offset)
+            if file is not None
+            else _SCRUB_CURSOR.pack(0, 0, progress.offset)
         )
         self._batch.put(
             _SCRUB_PROGRESS, _packed_pass(progress.current) + cursor, self._index._meta_handle
@@ -481,6 +482,29 @@ class Index:
                 f"{error}"
             ) from error
         return None if raw is None else _location(raw, ledger_id, entry_id)
+
+    def points_at(
+        self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
+    ) -> bool:
+        """Whether the index holds the entry exactly at `location` (the scrubber asks this
+        of every record it reads: the stored bytes are compared, not decoded)."""
+        return self._stored(ledger_id.scope, ledger_id.id, entry_id) == _packed_location(location)
+
+    def in_entry_log(
+        self, scope: int, ledger: int, entry_id: int, log_id: int, offset: int, size: int
+    ) -> bool:
+        """`points_at` for a record of an entry log, from the fields of its header: the
+        scrubber's question for each record, asked without making objects."""
+        return self._stored(scope, ledger, entry_id) == _LOCATION.pack(log_id, offset, size)
+
+    def _stored(self, scope: int, ledger: int, entry_id: int) -> bytes | None:
+        try:
+            return cast(bytes | None, self._db.get(_ENTRY_KEY.pack(scope, ledger, entry_id)))
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the location of entry {entry_id} of ledger "
+                f"{LedgerId(scope, ledger)}: {error}"
+            ) from error
 
     def last_entry(self, ledger_id: LedgerId) -> int | None:
         """The highest entry id the index holds for the ledger."""
@@ -641,41 +665,24 @@ class Index:
         except Exception as error:
             raise EntryUnreadable(f"index: cannot walk the locations: {error}") from error
 
-    def locations_after(
-        self, after: tuple[LedgerId, int] | None, count: int, max_bytes: int
-    ) -> tuple[list[tuple[LedgerId, int, Location | JournalLocation]], bool]:
-        """The (ledger, entry id, location) of the entries after `after` (None: from the
-        first), in key order, up to `count` of them or until their sizes reach `max_bytes`;
-        and whether the walk reached the end of the index. A walk of the whole index in
-        bounded pieces, each with an iterator of its own, so that none pins the index's
-        files for long."""
-        start = None
-        if after is not None:
-            ledger_id, entry_id = after
-            start = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id) + b"\x00"
-        found: list[tuple[LedgerId, int, Location | JournalLocation]] = []
-        total = 0
-        ledger_id = LedgerId(0, 0)
-        prefix = b""
+    def file_usage(self, kind: FileKind, file_id: int) -> dict[LedgerId, int]:
+        """The bytes counted of each ledger in one file (`usage`)."""
+        if self._usage_db is None:
+            return {}
+        lo, hi = _file_range(kind, file_id)
         try:
-            for key, value in cast(Iterator[tuple[bytes, bytes]], self._db.items(from_key=start)):
-                if len(found) >= count or total >= max_bytes:
-                    return found, False
-                if key[:16] != prefix:  # one LedgerId for each ledger's run of entries
-                    prefix = key[:16]
-                    ledger_id = LedgerId(*_LEDGER_KEY.unpack(prefix))
-                entry_id = _ENTRY_ID.unpack_from(key, 16)[0]
-                if len(value) == _LOCATION.size:
-                    location: Location | JournalLocation = Location._make(_LOCATION.unpack(value))
-                else:
-                    location = _location(value, ledger_id, entry_id)
-                found.append((ledger_id, entry_id, location))
-                total += location.size
-        except TallyError:
-            raise
+            items = cast(
+                Iterator[tuple[bytes, bytes]],
+                self._usage_db.items(from_key=lo, read_opt=_bounded(hi)),
+            )
+            return {
+                LedgerId(*_USAGE_KEY.unpack(key)[2:]): _USAGE.unpack(value)[0]
+                for key, value in items
+            }
         except Exception as error:
-            raise EntryUnreadable(f"index: cannot walk the locations: {error}") from error
-        return found, True
+            raise EntryUnreadable(
+                f"index: cannot read the usage of {kind.value} {file_id}: {error}"
+            ) from error
 
     def corrupt_marks(self) -> Iterator[tuple[LedgerId, int, CorruptMark]]:
         """Every entry marked corrupt, with its mark, in key order."""
@@ -706,9 +713,11 @@ class Index:
         if len(raw) != _SCRUB_PASS.size + _SCRUB_CURSOR.size:
             raise EntryUnreadable(f"index: the {what} takes {len(raw)} bytes: it is damaged")
         current = _unpacked_pass(_SCRUB_PASS.unpack_from(raw))
-        has_cursor, scope, ledger, entry_id = _SCRUB_CURSOR.unpack_from(raw, _SCRUB_PASS.size)
-        after = (LedgerId(scope, ledger), entry_id) if has_cursor else None
-        return ScrubProgress(current, after)
+        kind, file_id, offset = _SCRUB_CURSOR.unpack_from(raw, _SCRUB_PASS.size)
+        if kind and kind not in _KINDS_BY_CODE:
+            raise EntryUnreadable(f"index: the {what} names an unknown kind of file {kind}")
+        file = (_KINDS_BY_CODE[kind], file_id) if kind else None
+        return ScrubProgress(current, file, offset)
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""

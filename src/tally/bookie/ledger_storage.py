@@ -230,8 +230,10 @@ class LedgerStorage:
             self._index,
             self._log,
             journal_entries,
+            self.kept_journal_files,
             self._settle,
             self._verified,
+            lambda: bool(self._marks),
             self._drop_stale_marks,
         )
         self._compactor = Compactor(
@@ -619,8 +621,9 @@ class LedgerStorage:
 
     def scrub(self, budget: int, *, full_speed: bool = False) -> ScrubStep:
         """One step of the scrub pass under way, or of a new one: about `budget` bytes of
-        entries read back and checked (scrubber.py). Call from a worker thread, one at a
-        time. The entries found corrupt are marked, then reported to `on_corrupt`.
+        the files read back and their entries checked (scrubber.py). Call from a worker
+        thread, one at a time. The entries found corrupt are marked, then reported to
+        `on_corrupt`.
 
         IllegalOperation if the storage is closing; WriteFailed if the index cannot be
         written (the step's marks may be lost: the next pass finds them again)."""
