@@ -108,6 +108,13 @@ def test_no_interval_scrubs_only_on_request() -> None:
     assert plan_scrub(None, None, policy, 1e9, requested=True) == ScrubPlan(
         ScrubAction.STEP, full_speed=True
     )
+    scheduled = ScrubPass(5.0, ScrubTrigger.SCHEDULE)
+    assert plan_scrub(None, scheduled, policy, 1e9) == ScrubPlan(ScrubAction.WAIT), (
+        "a scheduled pass under way when scrubbing was set to on request only waits"
+    )
+    assert plan_scrub(None, scheduled.at_full_speed(), policy, 1e9) == ScrubPlan(
+        ScrubAction.STEP, full_speed=True
+    )
 
 
 @given(passes(), intervals, times, st.booleans())

@@ -5,7 +5,8 @@ A pass reads every entry the bookie's index holds and checks it (bookie/scrubber
 passes follow each other `interval` apart (BookKeeper's localScrubPeriod; a week by
 default): the next pass is due `interval` after the last complete one ended, a bookie that
 never completed one starts at once, and a pass under way (the bookie restarted in the
-middle of it) goes on at once from where it was. A zero interval scrubs only on request.
+middle of it) goes on at once from where it was. A zero interval scrubs only on request: a
+scheduled pass under way waits until one is asked for (and then goes on at full speed).
 
 A pass reads at a bounded rate so that the bookie's own reads and writes keep the disk:
 `rate_bytes` if it is set (localScrubRateLimit), else the ledger disk's size over the
@@ -148,16 +149,13 @@ def plan_scrub(
 ) -> ScrubPlan:
     """What the scrubber does next, given the last complete pass, the one under way (if
     any) and whether an operator asked for a pass now."""
-    if current is not None:
-        return ScrubPlan(
-            ScrubAction.STEP,
-            full_speed=requested or current.trigger is ScrubTrigger.OPERATOR,
-        )
-    if requested:
+    if requested or (current is not None and current.trigger is ScrubTrigger.OPERATOR):
         return ScrubPlan(ScrubAction.STEP, full_speed=True)
     due = next_pass_at(last, policy)
     if due is None:
-        return ScrubPlan(ScrubAction.WAIT)
+        return ScrubPlan(ScrubAction.WAIT)  # a scheduled pass under way waits, unasked
+    if current is not None:
+        return ScrubPlan(ScrubAction.STEP)
     if now >= due:
         return ScrubPlan(ScrubAction.STEP)
     # At most an interval: a wall clock set back must not put the next pass off further.
