@@ -16,8 +16,16 @@ copies are valid and checksummed end to end, and only a replacing re-add can rep
 that rotted on disk. So the newest verified copy wins.
 
 Reads: the write caches first, then the index and the entry log. An entry the index holds
-but whose bytes cannot be read or fail their CRC32C is `EntryUnreadable`, never
-`NoSuchEntry` (seed 003). `NoSuchLedger` only when nothing is known of the ledger.
+but whose bytes cannot be read is `EntryUnreadable`, never `NoSuchEntry` (seed 003).
+`NoSuchLedger` only when nothing is known of the ledger.
+
+Corrupt copies. A copy whose bytes fail their check (CRC32C, or a record naming another
+entry), found by a read, the scrubber (scrubber.py) or compaction, is marked corrupt in
+the index (`corrupt` family), not dropped: the index keeps the entry, and reads answer
+`EntryCorrupt` (an EntryUnreadable) without reading it again. A mark holds while the index
+points at the copy it names: the checkpoint that indexes a copy written over it (a re-add,
+or a repair's add, `repair=True`, refused over anything but a marked copy) ends it in the
+same batch. `corrupt_entries` lists the marks; `on_corrupt` hears of new ones.
 
 Limbo (BookKeeper's BP-46). A ledger whose journal records may have been lost (the bookie
 found its journal damaged at start-up) is in limbo: the bookie cannot tell an entry it never

@@ -3,6 +3,7 @@ now, through the admin HTTP app each bookie serves (bookie_admin.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 import typer
@@ -76,6 +77,8 @@ def _schedule(status: dict[str, Any]) -> str:
         when = "passes only when asked (scrub_interval 0)"
     elif status["current"]:
         when = "a pass is under way"
+    elif status["next_pass_due"] <= time.time():
+        when = "next pass due now"
     else:
         when = f"next pass due {output.local_time(int(status['next_pass_due'] * 1000))}"
     return (
