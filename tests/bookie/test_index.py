@@ -390,7 +390,7 @@ def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledg
     )
     passes = [done.finished(20.0), done.at_full_speed().finished(30.0)]
     progress = ScrubProgress(
-        ScrubPass(40.0, ScrubTrigger.SCHEDULE), (FileKind.JOURNAL, 2**64 - 1), -1
+        ScrubPass(40.0, ScrubTrigger.SCHEDULE), (FileKind.JOURNAL, 2**64 - 1), -1, 2**32 - 1, -1
     )
     batch = index.batch()
     for (ledger_id, entry_id), mark in marks.items():
@@ -408,12 +408,12 @@ def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledg
     assert index.scrub_progress() == progress
     batch = index.batch()
     batch.delete_ledger(LedgerId(0, 1))
-    batch.put_scrub_progress(ScrubProgress(progress.current, (FileKind.ENTRY_LOG, 3), 4096))
+    batch.put_scrub_progress(progress.at(progress.current, (FileKind.ENTRY_LOG, 3), 4096))
     index.write(batch)
     assert [(ledger_id, entry_id) for ledger_id, entry_id, _ in index.corrupt_marks()] == [
         (LedgerId(0, 2), 0)
     ]
-    assert index.scrub_progress() == ScrubProgress(progress.current, (FileKind.ENTRY_LOG, 3), 4096)
+    assert index.scrub_progress() == progress.at(progress.current, (FileKind.ENTRY_LOG, 3), 4096)
     batch = index.batch()
     batch.delete_corrupt(LedgerId(0, 2), 0)
     batch.put_scrub_progress(None)

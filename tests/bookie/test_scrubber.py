@@ -268,6 +268,30 @@ def test_marks_and_passes_survive_a_restart_and_a_pass_goes_on_where_it_was(
     storage.close()
 
 
+def test_a_pass_under_a_write_load_ends_and_leaves_the_new_files_to_the_next(
+    tmp_path: Path,
+) -> None:
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:4], 40)
+    logs_at_start = storage._log.log_ids()
+    entry_id, steps = 1000, 0
+    while not (step := storage.scrub(4 << 10)).scrub.complete:
+        # each step, more new bytes than it reads: the logs grow faster than the pass goes
+        for ledger_id in LEDGERS[:4]:
+            for added in range(entry_id, entry_id + 20):
+                model[ledger_id, added] = add(storage, ledger_id, added)
+        entry_id += 20
+        storage.checkpoint(b"step %d" % steps)
+        steps += 1
+        assert steps < 1000, "the pass chases the new logs"
+    assert max(storage._log.log_ids()) > max(logs_at_start) + 1
+    assert 160 <= step.scrub.entries < len(model)
+    assert step.scrub.corrupt == 0
+    assert scrub_pass(storage, budget=1 << 30).entries == len(model), "the next pass reads them"
+    check_all(storage, model)
+    storage.close()
+
+
 def test_an_operator_pass_runs_at_full_speed_and_says_so(tmp_path: Path) -> None:
     storage = opened(tmp_path / "bookie")
     fill(storage, LEDGERS[:2], 10)

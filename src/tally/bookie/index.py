@@ -28,7 +28,8 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
               b"scrub_passes"                        ->  the last complete scrub passes
                                                          (ScrubPass each, oldest first)
               b"scrub_progress"                      ->  the pass under way, the file it
-                                                         reached and where (scrubber.py)
+                                                         reached and where, the last files
+                                                         it reads (scrubber.py)
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -83,7 +84,9 @@ _UNACCOUNTED = struct.Struct(">QQ")
 _TIMES = struct.Struct(">dd")
 _MARK = struct.Struct(">dB")
 _SCRUB_PASS = struct.Struct(">ddBQQQQ")
-_SCRUB_CURSOR = struct.Struct(">BQq")
+_SCRUB_CURSOR = struct.Struct(">BQqQQ")
+"""Kind and id of the file reached (0: none yet), where in it, and the last entry log and
+journal file, each plus one (0: none)."""
 _TRIGGERS = {ScrubTrigger.SCHEDULE: 1, ScrubTrigger.OPERATOR: 2}
 _TRIGGERS_BY_CODE = {code: trigger for trigger, code in _TRIGGERS.items()}
 _FILE_KINDS = {FileKind.ENTRY_LOG: 1, FileKind.JOURNAL: 2}
@@ -218,11 +221,17 @@ class CorruptMark:
 @dataclass(frozen=True, slots=True)
 class ScrubProgress:
     """The scrub pass under way, the file it reached (None: none yet) and where in it (-1:
-    read through)."""
+    read through); and the last entry log and journal file it reads (-1: none), those of
+    when it started: files written since wait for the next pass."""
 
     current: ScrubPass
     file: FileKey | None
     offset: int
+    last_log: int
+    last_journal_file: int
+
+    def at(self, current: ScrubPass, file: FileKey | None, offset: int) -> ScrubProgress:
+        return replace(self, current=current, file=file, offset=offset)
 
 
 def _ledger_key(ledger_id: LedgerId) -> bytes:
@@ -370,10 +379,9 @@ class IndexBatch:
             self._batch.delete(_SCRUB_PROGRESS, self._index._meta_handle)
             return
         file = progress.file
-        cursor = (
-            _SCRUB_CURSOR.pack(_FILE_KINDS[file[0]], file[1], progress.offset)
-            if file is not None
-            else _SCRUB_CURSOR.pack(0, 0, progress.offset)
+        kind, file_id = (_FILE_KINDS[file[0]], file[1]) if file is not None else (0, 0)
+        cursor = _SCRUB_CURSOR.pack(
+            kind, file_id, progress.offset, progress.last_log + 1, progress.last_journal_file + 1
         )
         self._batch.put(
             _SCRUB_PROGRESS, _packed_pass(progress.current) + cursor, self._index._meta_handle
@@ -713,11 +721,13 @@ class Index:
         if len(raw) != _SCRUB_PASS.size + _SCRUB_CURSOR.size:
             raise EntryUnreadable(f"index: the {what} takes {len(raw)} bytes: it is damaged")
         current = _unpacked_pass(_SCRUB_PASS.unpack_from(raw))
-        kind, file_id, offset = _SCRUB_CURSOR.unpack_from(raw, _SCRUB_PASS.size)
+        kind, file_id, offset, last_log, last_journal = _SCRUB_CURSOR.unpack_from(
+            raw, _SCRUB_PASS.size
+        )
         if kind and kind not in _KINDS_BY_CODE:
             raise EntryUnreadable(f"index: the {what} names an unknown kind of file {kind}")
         file = (_KINDS_BY_CODE[kind], file_id) if kind else None
-        return ScrubProgress(current, file, offset)
+        return ScrubProgress(current, file, offset, last_log - 1, last_journal - 1)
 
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""

@@ -6,13 +6,16 @@ the audit compare indexes, and a rotten copy shows only when it is read (EntryCo
 
 A pass reads the files, not the index, so that it reads each disk sequentially: the entry
 logs in id order, then the journal files that keep entries (kept_location), the one of the
-last checkpoint's mark up to the mark (the records after it are not indexed yet; the next
-pass reads them). A step reads the next stretch of the current file (large reads,
-past the page cache) and parses its records; each record whose entry the index points at,
-exactly there, is checked as a read checks it: its header names the ledger, the entry and
-the size the index holds (true by the look-up), and its bytes match their stored CRC32C,
-the client's, end to end. Records the index does not point at are garbage (replaced,
-deleted, moved by compaction): skipped. Journal files are parsed as replay parses them.
+last checkpoint's mark up to the mark (the records after it are not indexed yet). The files
+are those of when the pass started (the log being written up to what is flushed when the
+pass reaches it): later ones are the next pass's, so a pass under a write load ends.
+
+A step reads the next stretch of the current file (large reads, past the page cache) and
+parses its records; each record whose entry the index points at, exactly there, is checked
+as a read checks it: its header names the ledger, the entry and the size the index holds
+(true by the look-up), and its bytes match their stored CRC32C, the client's, end to end.
+Records the index does not point at are garbage (replaced, deleted, moved by compaction):
+skipped. Journal files are parsed as replay parses them.
 
 The index and the file must agree both ways: every entry the index places in a file must
 be found there. The index counts, per file, the bytes of each ledger's entries in it (the
@@ -269,14 +272,13 @@ class Scrubber:
                 raise IllegalOperation("ledger storage is closing: no scrubbing")
             progress = self._progress
             if progress is None:
-                trigger = ScrubTrigger.OPERATOR if full_speed else ScrubTrigger.SCHEDULE
-                progress = ScrubProgress(ScrubPass(self._clock(), trigger), None, 0)
+                progress = self._new_pass(full_speed)
             elif full_speed:
-                progress = ScrubProgress(
+                progress = progress.at(
                     progress.current.at_full_speed(), progress.file, progress.offset
                 )
             done = _Tally()
-            file = self._next_file(progress.file)
+            file = self._next_file(progress)
             offset = progress.offset if file == progress.file else 0
             if file is not None and file != progress.file:
                 self._found = _Found()
@@ -305,7 +307,7 @@ class Scrubber:
             else:
                 assert file is not None
                 # A file read through is left behind: the next step looks for the one after.
-                self._progress = ScrubProgress(scrub, file, -1 if ended else offset)
+                self._progress = progress.at(scrub, file, -1 if ended else offset)
                 batch.put_scrub_progress(self._progress)
             self._index.write(batch)
             if complete or done.corrupt:
@@ -336,25 +338,36 @@ class Scrubber:
                 stats.passes += 1
                 stats.last_complete = scrub.ended
 
-    def _next_file(self, reached: FileKey | None) -> FileKey | None:
-        """The file the pass reads now: `reached` if it is not read through (its progress
-        offset is not -1), else the next one, in the order of the module docstring."""
-        progress = self._progress
-        if reached is not None and progress is not None and progress.offset >= 0:
+    def _new_pass(self, full_speed: bool) -> ScrubProgress:
+        """A pass starting now: over the entry logs and kept journal files there are now."""
+        trigger = ScrubTrigger.OPERATOR if full_speed else ScrubTrigger.SCHEDULE
+        last_log = max(self._log.log_ids(), default=-1)
+        mark = self._index.journal_mark() if self._journal is not None else None
+        last_journal_file = JournalMark.from_bytes(mark).file_id if mark is not None else -1
+        return ScrubProgress(
+            ScrubPass(self._clock(), trigger), None, 0, last_log, last_journal_file
+        )
+
+    def _next_file(self, progress: ScrubProgress) -> FileKey | None:
+        """The file the pass reads now: the one it reached if it is not read through (its
+        offset is not -1), else the next one, in the order of the module docstring, up to
+        the last ones of when the pass started (a pass under a steady write load ends)."""
+        reached = progress.file
+        if reached is not None and progress.offset >= 0:
             if reached[0] is FileKind.ENTRY_LOG and reached[1] in self._log.log_ids():
                 return reached
             if reached[0] is FileKind.JOURNAL and reached[1] in self._kept_files():
                 return reached
         kind, after = reached if reached is not None else (FileKind.ENTRY_LOG, -1)
         if kind is FileKind.ENTRY_LOG:
-            logs = [log_id for log_id in self._log.log_ids() if log_id > after]
+            logs = [log_id for log_id in self._log.log_ids() if after < log_id <= progress.last_log]
             if logs:
-                return FileKind.ENTRY_LOG, logs[0]
+                return FileKind.ENTRY_LOG, min(logs)
             after = -1
         if self._journal is None:
             return None
-        kept = sorted(f for f in self._kept_files() if f > after)
-        return (FileKind.JOURNAL, kept[0]) if kept else None
+        kept = [f for f in self._kept_files() if after < f <= progress.last_journal_file]
+        return (FileKind.JOURNAL, min(kept)) if kept else None
 
     def _read_file(self, file: FileKey, offset: int, budget: int, done: _Tally) -> tuple[int, bool]:
         """Read about `budget` bytes of `file` from `offset`; where it got to, and whether
