@@ -3,8 +3,8 @@
 Cookies and incarnations (BP-31): the first start formats the bookie; wiped disks under
 the same id, another cluster's store and changed directories are refused with what differs.
 What a reply promised survives a SIGKILL right after it: the fence, the master key, the
-entries, the explicit LAC. An entry whose bytes rotted on disk is EntryUnreadable, never
-NoSuchEntry (seed 003).
+entries, the explicit LAC. An entry whose bytes rotted on disk is EntryCorrupt (an
+EntryUnreadable: its copy is marked corrupt), never NoSuchEntry (seed 003).
 """
 
 from __future__ import annotations
@@ -269,5 +269,5 @@ async def test_a_rotten_entry_is_unreadable_never_no_such_entry(
         metrics = bookie.metrics()
         assert sample(metrics, "bookie_ledger_storage_read_errors_total") == 2
         for operation in ("READ", "FENCE"):
-            labels = {"operation": operation, "result": "EntryUnreadable"}
+            labels = {"operation": operation, "result": "EntryCorrupt"}
             assert sample(metrics, "bookie_requests_total", **labels) == 1

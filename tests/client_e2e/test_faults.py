@@ -397,7 +397,7 @@ async def test_corrupt_copy_is_read_from_another_replica_and_reported(
     ), reports
 
     copies = await replica_copies(w.ledger_id, metadata, PASSWORD, 19)
-    assert copies[target][rotten] == "EntryUnreadable"
+    assert copies[target][rotten] == "EntryCorrupt", "marked corrupt by the bookie's read"
     assert [c for b, c in copies[target].items() if b != rotten] == [payloads[target]] * 2
 
 

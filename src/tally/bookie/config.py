@@ -26,6 +26,7 @@ from tally.core.disk_usage import (
     DEFAULT_USAGE_THRESHOLD,
 )
 from tally.core.errors import BadRequest, BadSetting
+from tally.core.scrub import ScrubPolicy
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
 
@@ -101,6 +102,14 @@ class BookieConfig:
     compaction_rate_bytes: int = 0
     """Bytes per second that compaction copies at most (compactionRateByBytes); 0: no
     limit (it takes the storage's lock a bounded chunk at a time either way)."""
+    scrub_interval: float = 604800.0
+    """Seconds from the end of one scrub pass (every stored entry read back and checked
+    against its CRC32C and the index) to the start of the next (localScrubPeriod); 0: scrub
+    only when asked (`tally shell scrub --now`)."""
+    scrub_rate_bytes: int = 0
+    """Bytes per second a scheduled scrub pass reads at most (localScrubRateLimit); 0: the
+    ledger disk's size over scrub_interval, so that a pass over a full disk takes about one
+    interval (at least 64 KiB/s). A pass asked for runs at full speed."""
     limbo_check_interval: float = 30.0
     """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
     they are closed and whole again, or still need marking for repair."""
@@ -178,6 +187,8 @@ class BookieConfig:
             "minor_compaction_max_time",
             "major_compaction_max_time",
             "compaction_rate_bytes",
+            "scrub_interval",
+            "scrub_rate_bytes",
         ):
             check(getattr(self, name) >= 0, name, "must not be negative")
         if self.metrics_port is not None:
@@ -205,6 +216,10 @@ class BookieConfig:
             minor_max_time=self.minor_compaction_max_time,
             major_max_time=self.major_compaction_max_time,
         )
+
+    @property
+    def scrub_policy(self) -> ScrubPolicy:
+        return ScrubPolicy(interval=self.scrub_interval, rate_bytes=self.scrub_rate_bytes)
 
     @property
     def journal_directory(self) -> Path:

@@ -92,6 +92,12 @@ class BookieMetrics:
             "in a new file every journal_retry_interval)",
             registry=self.registry,
         )
+        self.corrupt_entries_reported = Counter(
+            "bookie_corrupt_entries_reported",
+            "Entries newly marked corrupt here and handed to the bookie's on_corrupt hook, "
+            "which is to file their repair",
+            registry=self.registry,
+        )
         self.ledgers_in_limbo = Gauge(
             "bookie_ledgers_in_limbo",
             "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "
@@ -243,6 +249,52 @@ class _StorageCollector(Collector):
             value=usage.used / usage.total if usage.total else 0.0,
         )
         yield from _gc_metrics(storage.gc)
+        yield from _scrub_metrics(storage)
+
+
+def _scrub_metrics(
+    storage: LedgerStorageStats,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The scrubber's figures (BookKeeper-like names), and the corrupt marks."""
+    scrub = storage.scrub
+    for name, what, value in (
+        (
+            "bookie_scrub_bytes",
+            "Bytes of entry logs and journal files read by the scrubber",
+            scrub.bytes,
+        ),
+        ("bookie_scrub_entries", "Entries read back and checked by the scrubber", scrub.entries),
+        (
+            "bookie_scrub_corrupt_entries",
+            "Entries the scrubber found corrupt (each pass that finds one counts it)",
+            scrub.corrupt,
+        ),
+        (
+            "bookie_scrub_unreadable_entries",
+            "Entries the scrubber could not read (an I/O error, a missing file): not marked",
+            scrub.unreadable,
+        ),
+        ("bookie_scrub_passes", "Scrub passes completed", scrub.passes),
+    ):
+        yield CounterMetricFamily(name, what, value=value)
+    yield GaugeMetricFamily(
+        "bookie_scrub_last_complete_pass_time_seconds",
+        "When the last complete scrub pass ended, seconds since the epoch (0: never)",
+        value=scrub.last_complete or 0.0,
+    )
+    yield GaugeMetricFamily(
+        "bookie_corrupt_entries",
+        "Entries whose copy here is marked corrupt (answered EntryCorrupt until replaced)",
+        value=storage.corrupt_entries,
+    )
+    marked = CounterMetricFamily(
+        "bookie_corrupt_entries_marked",
+        "Copies marked corrupt since the bookie started, by who found them",
+        labels=("found_by",),
+    )
+    for found_by, count in sorted(storage.corrupt_marked.items(), key=lambda item: item[0].value):
+        marked.add_metric((found_by.value,), count)
+    yield marked
 
 
 def _gc_metrics(

@@ -40,6 +40,7 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.limbo import LimboWatch, describe
 from tally.bookie.metrics import BookieMetrics
 from tally.bookie.requests import BookieRequestProcessor
+from tally.bookie.scrubber_service import ScrubberService
 from tally.core import protocol
 from tally.core.addresses import join_host_port, split_host_port
 from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
@@ -89,6 +90,8 @@ class Bookie:
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
         self._gc: GarbageCollector | None = None
+        self._scrubber: ScrubberService | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._checkpointing = threading.Lock()
         """Held by a checkpoint from taking its mark to the journal's release: two at once
         could write an older mark after the newer one's release deleted its journal file."""
@@ -126,6 +129,11 @@ class Bookie:
         return self._gc
 
     @property
+    def scrubber(self) -> ScrubberService:
+        assert self._scrubber is not None, "bookie not started"
+        return self._scrubber
+
+    @property
     def disk(self) -> DiskState:
         """The bookie's mode and why, kept by its request processor, which admits writes by it."""
         assert self._requests is not None, "bookie not started"
@@ -147,7 +155,7 @@ class Bookie:
         cluster = await require_cluster(self._store, uri=config.metadata)
 
         host, port = split_host_port(config.listen, port_zero=True)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._new_connection,
             host,
@@ -184,6 +192,7 @@ class Bookie:
             direct_io=config.direct_io,
             journal_entries=JournalEntries(journal_dir) if keep else None,
             gc=config.gc_settings,
+            on_corrupt=self._corrupt_found,
         )
         self._journal = Journal(
             journal_dir,
@@ -249,6 +258,12 @@ class Bookie:
             checkpoint=lambda: asyncio.to_thread(self._checkpoint_now),
             metrics=GcMetrics(self.metrics.registry),
         )
+        self._scrubber = ScrubberService(
+            self.storage,
+            self.bookie_id,
+            config.scrub_policy,
+            disk_bytes=lambda: shutil.disk_usage(ledger_dir).total,
+        )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
             asyncio.create_task(self._disk_loop(), name="disk-check"),
@@ -258,6 +273,7 @@ class Bookie:
                 close_stalled(self._connections, config.receive_stall_timeout),
                 name="receive-stalls",
             ),
+            asyncio.create_task(self._scrubber.run(), name="scrub"),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",
@@ -350,6 +366,27 @@ class Bookie:
                 await self._http_task
         self._stopped.set()
         log.info("bookie %s stopped", self.bookie_id)
+
+    def _corrupt_found(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
+        """Ledger storage marked entries corrupt (from a read, or the scrubber's thread):
+        `on_corrupt` hears of them on the event loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.on_corrupt, ledger_id, entry_ids)
+
+    def on_corrupt(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
+        """Entries of `ledger_id` whose copy here was found corrupt and marked: the hook for
+        their repair (issue 17, part 3), which is to file a repair request naming the
+        ledger, this bookie and the entries. For now the event is logged and counted."""
+        self.metrics.corrupt_entries_reported.inc(len(entry_ids))
+        log.error(
+            "bookie %s: %d entr%s of ledger %s found corrupt here and marked (%s); they need "
+            "a repair from another replica (reads answer EntryCorrupt until then)",
+            self.bookie_id,
+            len(entry_ids),
+            "y" if len(entry_ids) == 1 else "ies",
+            ledger_id.qualified_name,
+            _entry_list(entry_ids),
+        )
 
     def _session_lost(self) -> None:
         """Without a session the bookie's registration is gone: stop rather than serve
@@ -528,6 +565,12 @@ def _server_ssl(config: BookieConfig) -> ssl.SSLContext | None:
         context.load_verify_locations(config.tls_client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _entry_list(entry_ids: list[int], shown: int = 20) -> str:
+    more = len(entry_ids) - shown
+    listed = ", ".join(str(entry_id) for entry_id in entry_ids[:shown])
+    return f"{listed} and {more} more" if more > 0 else listed
 
 
 def _used_fraction(directory: Path) -> float:
