@@ -248,7 +248,7 @@ async def test_rotten_copies_found_by_the_ledger_check_are_written_over(cluster:
     assert rot_entries(bookie.data_dir, damaged, held) == len(held)
     cluster.restart([bookie_id])
     before = await replica_copies(damaged, metadata, PASSWORD, 29)
-    assert {before[e][bookie_id] for e in held} == {"EntryUnreadable"}
+    assert {before[e][bookie_id] for e in held} == {"EntryCorrupt"}
     with autorecovery(
         cluster,
         "ar-rot",
