@@ -71,7 +71,9 @@ def test_a_new_empty_directory_takes_new_ledgers_until_it_holds_its_share() -> N
 def test_a_larger_disk_takes_more_ledgers() -> None:
     placed = [0, 0]
     for _ in range(300):
-        views = [DirectoryView(False, False, free, n) for free, n in zip((1, 2), placed)]
+        views = [
+            DirectoryView(False, False, free, n) for free, n in zip((1, 2), placed, strict=True)
+        ]
         chosen = choose_directory(views)
         assert chosen is not None
         placed[chosen] += 1
@@ -97,9 +99,7 @@ def test_errors_are_failures_full_disks_or_unclear() -> None:
         assert classify_error(number) is DiskError.UNCLEAR
 
 
-def test_an_io_error_fails_the_directory_a_full_disk_does_not_an_unclear_one_asks_a_probe() -> (
-    None
-):
+def test_an_io_error_fails_the_directory_a_full_disk_does_not_an_unclear_one_asks_a_probe() -> None:
     healthy = DirectoryHealth()
     failed, probe = healthy.on_error(errno.EROFS, "read-only file system", 5.0)
     assert (failed.state, failed.reason, failed.since, probe) == (
@@ -128,7 +128,8 @@ def test_a_probe_fails_the_directory_unless_it_worked_or_found_the_disk_full() -
         ProbeResult(7, 7, None, "30 s", finished=False),
     ):
         after = healthy.on_probe(broken, 1.0)
-        assert after.failed and after.since == 1.0, broken
+        assert after.failed, broken
+        assert after.since == 1.0
     assert "unmounted" in healthy.on_probe(ProbeResult(7, 8), 1.0).reason
 
 

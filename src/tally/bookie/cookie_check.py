@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from tally.core.errors import CookieMismatch
@@ -23,11 +24,21 @@ COOKIE_FILE = "COOKIE"
 
 
 async def verify_or_format(
-    cookies: CookieManager, bookie_id: str, directories: list[Path], instance_id: str
+    cookies: CookieManager,
+    bookie_id: str,
+    directories: list[Path],
+    instance_id: str,
+    *,
+    failed: Collection[str] = (),
 ) -> Cookie:
-    """The bookie's cookie, after checking every copy (or formatting a brand-new bookie)."""
+    """The bookie's cookie, after checking every copy (or formatting a brand-new bookie).
+
+    `directories`: the journal's, then the ledger directories; the copies in those named in
+    `failed` (ledger directories out of service since their disks failed) are not read."""
     names = [str(d.resolve()) for d in directories]
-    on_disk = {d: _read(d) for d in directories}
+    on_disk = {
+        d: _read(d) for d, name in zip(directories, names, strict=True) if name not in failed
+    }
     stored = await cookies.get(bookie_id)
     found = {d: c for d, c in on_disk.items() if c is not None}
 
@@ -61,16 +72,34 @@ async def verify_or_format(
             "start it under this id: its disks belong to another cluster or another "
             "incarnation. Point it at its own cluster's metadata store, or decommission it."
         )
+    if stored.cookie.instance_id == instance_id and stored.cookie.directories != tuple(names):
+        raise CookieMismatch(
+            f"bookie {bookie_id} is configured with the directories {names}, but its cookie "
+            f"lists {list(stored.cookie.directories)}. To add ledger directories or replace "
+            f"a failed one, stop the bookie and run `tally shell cookie update {bookie_id}` "
+            "with its configuration; to change anything else, decommission the bookie (its "
+            "ledgers re-replicate), delete its cookie with `tally shell cookie delete`, then "
+            "start it as a new bookie."
+        )
     expected = Cookie(bookie_id, tuple(names), instance_id, stored.cookie.incarnation_id)
     _check(stored.cookie, expected, "this bookie's configuration and cluster")
-    missing = [d for d in directories if on_disk[d] is None]
+    missing = [d for d, cookie in on_disk.items() if cookie is None]
     if missing:
+        ledger_dirs_only = directories[0] not in missing
         raise CookieMismatch(
             f"bookie {bookie_id} is known to the cluster (incarnation "
             f"{stored.cookie.incarnation_id}) but {', '.join(map(str, missing))} have no cookie: "
             "the disks were wiped or replaced. Starting it would answer 'no such entry' for "
-            "entries it acknowledged. Decommission the bookie (its ledgers re-replicate), "
-            "delete its cookie with `tally shell cookie delete`, then start it as a new bookie."
+            "entries it acknowledged. "
+            + (
+                "If a ledger disk is not mounted, mount it; if it was replaced by an empty one, "
+                f"run `tally shell cookie update {bookie_id} --force` with the bookie's "
+                "configuration to bring it back (its ledgers are then repaired from their "
+                "other copies)."
+                if ledger_dirs_only
+                else "Decommission the bookie (its ledgers re-replicate), delete its cookie "
+                "with `tally shell cookie delete`, then start it as a new bookie."
+            )
         )
     for directory, cookie in found.items():
         _check(stored.cookie, cookie, str(directory / COOKIE_FILE))
