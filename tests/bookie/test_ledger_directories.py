@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
