@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from tally.core.errors import CookieMismatch
+from tally.bookie.ledger_placement import PlacementRecord, recorded_failures
+from tally.core.errors import BadRequest, CookieMismatch, NoSuchKey
 from tally.metadata.cookies import Cookie, CookieManager
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,115 @@ async def verify_or_format(
     for directory, cookie in found.items():
         _check(stored.cookie, cookie, str(directory / COOKIE_FILE))
     return stored.cookie
+
+
+@dataclass(frozen=True)
+class DirectoriesUpdate:
+    """What `update_directories` changed."""
+
+    cookie: Cookie
+    added: tuple[str, ...]
+    """New ledger directories, formatted."""
+    replaced: tuple[str, ...]
+    """Ledger directories found empty (a replaced disk), formatted again."""
+    removed: tuple[str, ...]
+    """Ledger directories no longer configured."""
+
+
+async def update_directories(
+    cookies: CookieManager,
+    bookie_id: str,
+    journal_dir: Path,
+    ledger_dirs: Sequence[Path],
+    *,
+    force: bool = False,
+) -> DirectoriesUpdate:
+    """Make a stopped bookie's cookie list `ledger_dirs` (its journal directory stays):
+    format new empty directories, and empty ones standing for a disk that failed or was
+    replaced, whose ledgers go to limbo and are repaired from their other copies
+    (ledger_directories.py). Bringing back a directory that had not failed, or dropping
+    one, gives up its ledgers' copies here: `force` says the operator means it. A directory
+    recorded as failed that still holds files is left out of service."""
+    stored = await cookies.get(bookie_id)
+    if stored is None:
+        raise NoSuchKey(f"bookie {bookie_id} has no cookie in this cluster: start it to format it")
+    old = stored.cookie
+    journal_name = str(journal_dir.resolve())
+    if old.directories[0] != journal_name:
+        raise CookieMismatch(
+            f"bookie {bookie_id}'s journal directory is {old.directories[0]}, not {journal_name}: "
+            "only ledger directories can be added or replaced"
+        )
+    _check_identity(old, _read(journal_dir), journal_dir)
+    failed = recorded_failures(journal_dir)
+    listed = set(old.directories[1:])
+    names = [str(d.resolve()) for d in ledger_dirs]
+    added: list[Path] = []
+    replaced: list[Path] = []
+    given_up: list[str] = []
+    for directory, name in zip(ledger_dirs, names, strict=True):
+        if name not in listed:
+            if _holds_data(directory):
+                raise CookieMismatch(f"{directory} is not empty: a new ledger directory must be")
+            added.append(directory)
+            continue
+        try:
+            found, holds_data = _read(directory), _holds_data(directory)
+        except OSError as error:
+            if name in failed:
+                continue  # still broken: out of service
+            raise CookieMismatch(f"ledger directory {directory} cannot be read: {error}") from None
+        if name in failed:
+            if not holds_data:
+                replaced.append(directory)
+        elif found is not None:
+            _check_identity(old, found, directory)
+        elif holds_data:
+            raise CookieMismatch(
+                f"ledger directory {directory} holds files but no cookie: not this bookie's; "
+                "empty it (or mount the right disk), then run this again"
+            )
+        else:
+            replaced.append(directory)
+            given_up.append(name)
+    removed = [name for name in old.directories[1:] if name not in names]
+    given_up += [name for name in removed if name not in failed]
+    if given_up and not force:
+        raise BadRequest(
+            f"bookie {bookie_id}: {', '.join(given_up)} would lose their ledgers' copies on "
+            "this bookie (they are repaired from their other copies): confirm with --force, "
+            "or mount the disk that holds them"
+        )
+    new = Cookie(bookie_id, (journal_name, *names), old.instance_id, old.incarnation_id)
+    if new != old:
+        await cookies.put(new, stored.version)
+    for directory, name in zip([journal_dir, *ledger_dirs], [journal_name, *names], strict=True):
+        if name not in failed or directory in replaced:
+            _write(directory, new)
+    cleared = [str(d.resolve()) for d in replaced] + removed
+    if failed and cleared:
+        record = PlacementRecord(journal_dir)
+        try:
+            for name in cleared:
+                record.clear_failed(name)
+        finally:
+            record.close()
+    resolved = tuple(str(d.resolve()) for d in added), tuple(str(d.resolve()) for d in replaced)
+    return DirectoriesUpdate(new, *resolved, tuple(removed))
+
+
+def _check_identity(stored: Cookie, found: Cookie | None, directory: Path) -> None:
+    """`found` (the cookie in `directory`) is the stored one's but for the directories."""
+    if found is None or (found.bookie_id, found.instance_id, found.incarnation_id) != (
+        stored.bookie_id,
+        stored.instance_id,
+        stored.incarnation_id,
+    ):
+        raise CookieMismatch(
+            f"{directory} does not hold bookie {stored.bookie_id}'s cookie (incarnation "
+            f"{stored.incarnation_id}): {'none' if found is None else found}; these are not "
+            "its directories"
+        )
 
 
 def _check(stored: Cookie, other: Cookie, source: str) -> None:
