@@ -256,7 +256,9 @@ def _write(directory: Path, cookie: Cookie) -> None:
 
 
 def _holds_data(directory: Path) -> bool:
+    """Whether the directory holds anything but what a new file system comes with (ext4's
+    lost+found): a disk mounted there fresh is empty."""
     try:
-        return any(directory.iterdir())
+        return any(path.name != "lost+found" for path in directory.iterdir())
     except FileNotFoundError:
         return False
