@@ -22,6 +22,8 @@ from tests.bookie.conftest import (
     running,
     sample,
 )
+from tests.support.filesystems import check_and_mount_again, fail_read_only, small_filesystem
+from tests.support.polling import until
 from tests.support.processes import tally
 
 ENTRIES = 5
@@ -129,3 +131,46 @@ async def test_an_empty_directory_for_a_replaced_disk_is_brought_back_by_the_ope
                     await connection.read(ledger_id, 0)
         assert sample(bookie.metrics(), "bookie_ledgers_in_limbo") == len(on_b)
     assert {placements(bookie)[x] for x in on_b} == {str(b)}
+
+
+async def test_a_bookie_whose_only_ledger_disk_fails_serves_reads_until_an_operator_acts(
+    cluster: str, tmp_path: Path
+) -> None:
+    """No other directory to take its ledgers: they stay, served from the read-only disk,
+    and the bookie turns read-only; it starts again only once an operator, having checked
+    the disk, brings the directory back with its data."""
+    with small_filesystem(tmp_path / "disk", 64 << 20) as disk:
+        disk = disk.resolve()
+        bookie = BookieUnderTest(
+            cluster,
+            tmp_path / "bookie",
+            settings={"ledger_dirs": disk, "disk_check_interval": 0.2, "flush_interval": 0.2},
+        )
+        ledgers = [new_ledger() for _ in range(3)]
+        with running(bookie):
+            await write(bookie.address, ledgers)
+            await until(lambda: sample(bookie.metrics(), "bookie_checkpoints_total") > 0, step=0.1)
+            fail_read_only(disk)
+
+            async def failed() -> bool:
+                return await registration_of(cluster, bookie.address) == "readonly"
+
+            await until(failed, "registered read-only", step=0.1)
+            assert sample(bookie.metrics(), "bookie_ledger_dir_failed", dir=str(disk)) == 1
+            await read_back(bookie.address, ledgers)
+            assert bookie.stop() == 0
+
+        refused = bookie.refused_start()
+        assert refused.returncode != 0
+        assert "recorded as failed" in refused.stderr, refused.stderr
+        check_and_mount_again(disk)
+        code, said = update_cookie(bookie, str(disk))
+        assert code == 0, said
+        assert "still failed" in said
+        assert "--force" in said
+        code, said = update_cookie(bookie, str(disk), "--force")
+        assert code == 0, said
+        assert f"brought back with its data {disk}" in said
+        with running(bookie):
+            assert await registration_of(cluster, bookie.address) == "writable"
+            await read_back(bookie.address, ledgers)

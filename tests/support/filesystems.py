@@ -56,6 +56,17 @@ def fail_read_only(path: Path) -> None:
     Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("tally test: disk failure\n")
 
 
+def check_and_mount_again(path: Path) -> None:
+    """What an operator does with an ext4 disk that failed, once nothing uses it: unmount,
+    check and repair it, mount it again (read-write)."""
+    image = path.with_name(f"{path.name}.img")
+    _run("umount", str(path))
+    done = subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, text=True)
+    if done.returncode not in (0, 1):  # 1: errors found and fixed
+        raise AssertionError(f"e2fsck {image} failed ({done.returncode}): {done.stdout}")
+    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(path))
+
+
 def unmount_lazily(path: Path) -> None:
     """Take the file system at `path` away under the processes using it (`umount -l`): the
     path then shows the directory below, and files open there stay open on the old one."""

@@ -117,8 +117,12 @@ class DirectoriesUpdate:
     """New ledger directories, formatted."""
     replaced: tuple[str, ...]
     """Ledger directories found empty (a replaced disk), formatted again."""
+    restored: tuple[str, ...]
+    """Failed ledger directories put back in service with their data."""
     removed: tuple[str, ...]
     """Ledger directories no longer configured."""
+    still_failed: tuple[str, ...]
+    """Failed ledger directories left out of service, each with what to do."""
 
 
 async def update_directories(
@@ -133,8 +137,10 @@ async def update_directories(
     format new empty directories, and empty ones standing for a disk that failed or was
     replaced, whose ledgers go to limbo and are repaired from their other copies
     (ledger_directories.py). Bringing back a directory that had not failed, or dropping
-    one, gives up its ledgers' copies here: `force` says the operator means it. A directory
-    recorded as failed that still holds files is left out of service."""
+    one, gives up its ledgers' copies here: `force` says the operator means it. A failed
+    directory that still holds its files comes back with them, on `force`, only if ledgers
+    are still placed on it (no other directory could take them when it failed); else it
+    stays out of service until emptied."""
     stored = await cookies.get(bookie_id)
     if stored is None:
         raise NoSuchKey(f"bookie {bookie_id} has no cookie in this cluster: start it to format it")
@@ -147,10 +153,13 @@ async def update_directories(
         )
     _check_identity(old, _read(journal_dir), journal_dir)
     failed = recorded_failures(journal_dir)
+    still_placed = _placed_on(journal_dir) if failed else set()
     listed = set(old.directories[1:])
     names = [str(d.resolve()) for d in ledger_dirs]
     added: list[Path] = []
     replaced: list[Path] = []
+    restored: list[Path] = []
+    still_failed: list[str] = []
     given_up: list[str] = []
     for directory, name in zip(ledger_dirs, names, strict=True):
         if name not in listed:
@@ -167,6 +176,19 @@ async def update_directories(
         if name in failed:
             if not holds_data:
                 replaced.append(directory)
+            elif name not in still_placed:
+                still_failed.append(
+                    f"{name} ({failed[name]}): its ledgers went to the other directories; "
+                    "empty it (or replace its disk) to bring it back"
+                )
+            elif found is not None and force:
+                _check_identity(old, found, directory)
+                restored.append(directory)
+            else:
+                still_failed.append(
+                    f"{name} ({failed[name]}): check the disk, then run this with --force to "
+                    "bring it back with its data"
+                )
         elif found is not None:
             _check_identity(old, found, directory)
         elif holds_data:
@@ -188,10 +210,11 @@ async def update_directories(
     new = Cookie(bookie_id, (journal_name, *names), old.instance_id, old.incarnation_id)
     if new != old:
         await cookies.put(new, stored.version)
+    back = [*replaced, *restored]
     for directory, name in zip([journal_dir, *ledger_dirs], [journal_name, *names], strict=True):
-        if name not in failed or directory in replaced:
+        if name not in failed or directory in back:
             _write(directory, new)
-    cleared = [str(d.resolve()) for d in replaced] + removed
+    cleared = [str(d.resolve()) for d in back] + removed
     if failed and cleared:
         record = PlacementRecord(journal_dir)
         try:
@@ -199,8 +222,23 @@ async def update_directories(
                 record.clear_failed(name)
         finally:
             record.close()
-    resolved = tuple(str(d.resolve()) for d in added), tuple(str(d.resolve()) for d in replaced)
-    return DirectoriesUpdate(new, *resolved, tuple(removed))
+    return DirectoriesUpdate(
+        new,
+        added=tuple(str(d.resolve()) for d in added),
+        replaced=tuple(str(d.resolve()) for d in replaced),
+        restored=tuple(str(d.resolve()) for d in restored),
+        removed=tuple(removed),
+        still_failed=tuple(still_failed),
+    )
+
+
+def _placed_on(journal_dir: Path) -> set[str]:
+    """The directories that ledgers are placed on, by the bookie's record."""
+    record = PlacementRecord(journal_dir)
+    try:
+        return set(record.placements().values())
+    finally:
+        record.close()
 
 
 def _check_identity(stored: Cookie, found: Cookie | None, directory: Path) -> None:

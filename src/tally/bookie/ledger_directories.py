@@ -27,7 +27,9 @@ entries back onto it from the other copies (a FILL: the ensembles do not change,
 disk's data moves); each leaves limbo once whole. The failed directory is recorded as
 failed, its storage closed, and it stays out of service across restarts until an operator
 replaces the disk (`tally shell cookie update`). With no healthy directory left, ledgers
-stay where they are, their reads answer EntryUnreadable and their writes WriteFailed.
+stay where they are: the failed directory's storage stays open for reads (a file system
+turned read-only still reads) and refuses writes (WriteFailed), and the bookie, read-only,
+does not start again until an operator brings a directory back.
 
 Threads: as LedgerStorage's. `_lock` guards the placements and the directories' states;
 `_maintenance` keeps checkpoints and deletes apart, as each storage's does.
@@ -40,6 +42,7 @@ import errno as errnos
 import heapq
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -61,7 +64,13 @@ from tally.bookie.ledger_storage import (
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
 from tally.core.compaction import CompactionKind
-from tally.core.errors import EntryUnreadable, NoSuchLedger, TallyError, WriteFailed
+from tally.core.errors import (
+    EntryUnreadable,
+    IllegalOperation,
+    NoSuchLedger,
+    TallyError,
+    WriteFailed,
+)
 from tally.core.ids import LedgerId
 from tally.core.ledger_dirs import (
     FAILURE_ERRNOS,
@@ -78,6 +87,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PROBE_FILE = ".probe"
+PROBE_REQUEST_SPACING = 1.0
+"""Seconds between two probes asked for by unclear errors (a run of corrupt reads)."""
 _KNOWN_ERRNOS = {os.strerror(number): number for number in FAILURE_ERRNOS | FULL_ERRNOS}
 """An error of the index engine carries the errno's text only."""
 
@@ -136,9 +147,11 @@ class LedgerDirectories:
     ) -> None:
         """`on_failure` hears of a directory that failed; `on_unclear_error` of an error
         on the event loop that asks for a probe (the bookie probes in its disk check)."""
-        self._journal_dir = journal_dir
+        self._journal_file = re.compile(re.escape(str(journal_dir)) + r"/[0-9a-f]{16}\.txn")
+        """Names a journal file in an error (an entry kept there is read from it)."""
         self._on_failure = on_failure
         self._on_unclear_error = on_unclear_error
+        self._probe_requested = -PROBE_REQUEST_SPACING
         self._clock = clock
         self._lock = threading.Lock()
         self._maintenance = threading.Lock()
@@ -172,6 +185,14 @@ class LedgerDirectories:
                     gc=gc,
                 )
                 self._dirs.append(_Directory(path, storage, DirectoryHealth()))
+            if not self._in_service():
+                raise IllegalOperation(
+                    "every ledger directory of this bookie is recorded as failed ("
+                    + "; ".join(f"{name}: {why}" for name, why in failed.items())
+                    + "): replace a disk and run `tally shell cookie update` to bring its "
+                    "directory back empty, or check it and run that with --force to bring "
+                    "it back with its data"
+                )
             self.refresh_usage(1.0)
             self._reconcile(failed)
         except BaseException:
@@ -246,6 +267,9 @@ class LedgerDirectories:
     def _in_service(self) -> list[_Directory]:
         return [d for d in self._dirs if d.storage is not None and not d.health.failed]
 
+    def _open(self) -> list[LedgerStorage]:
+        return [d.storage for d in self._dirs if d.storage is not None]
+
     def _choose(self) -> _Directory | None:
         """A directory for a ledger being placed (call under `_lock`, or at start-up)."""
         chosen = choose_directory([d.view() for d in self._dirs])
@@ -262,21 +286,22 @@ class LedgerDirectories:
                 self._placement[ledger_id] = directory
                 self._unsaved[ledger_id] = directory
                 directory.ledgers += 1
-        return self._usable(directory, ledger_id, WriteFailed)
+        return self._usable(directory, ledger_id, reading=False)
 
     def _reading(self, ledger_id: LedgerId) -> tuple[_Directory, LedgerStorage]:
         with self._lock:
             directory = self._placement.get(ledger_id)
         if directory is None:
             raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
-        return directory, self._usable(directory, ledger_id, EntryUnreadable)
+        return directory, self._usable(directory, ledger_id, reading=True)
 
     @staticmethod
-    def _usable(
-        directory: _Directory, ledger_id: LedgerId, error: type[TallyError]
-    ) -> LedgerStorage:
+    def _usable(directory: _Directory, ledger_id: LedgerId, *, reading: bool) -> LedgerStorage:
+        """The directory's storage; a failed one's only to read, while it is open (its
+        ledgers had nowhere else to go)."""
         storage = directory.storage
-        if storage is None or directory.health.failed:
+        if storage is None or (directory.health.failed and not reading):
+            error = EntryUnreadable if reading else WriteFailed
             raise error(
                 f"ledger {ledger_id}: its ledger directory {directory.name} failed "
                 f"({directory.health.reason}) and no other is in service"
@@ -300,10 +325,10 @@ class LedgerDirectories:
             directory.storage.keep_in_journal(ledger_id, entry_id, location)
 
     def kept_journal_files(self) -> frozenset[int]:
+        """Those of every open storage (a failed one that still serves reads included)."""
         kept: frozenset[int] = frozenset()
-        for directory in self._in_service():
-            assert directory.storage is not None
-            kept |= directory.storage.kept_journal_files()
+        for storage in self._open():
+            kept |= storage.kept_journal_files()
         return kept
 
     def add_entry(
@@ -401,9 +426,9 @@ class LedgerDirectories:
     def iter_availability(
         self, batch_ledgers: int = DEFAULT_AVAILABILITY_BATCH
     ) -> Iterator[tuple[LedgerId, EntryAvailability]]:
-        """AVAILABILITY_DUMP over every directory in service, ascending; a ledger is listed
-        from the directory it is placed on only."""
-        owners = self._in_service()
+        """AVAILABILITY_DUMP over every open storage, ascending; a ledger is listed from the
+        directory it is placed on only."""
+        owners = [d for d in self._dirs if d.storage is not None]
         walks = [
             _tagged(index, d.storage.iter_availability(batch_ledgers))
             for index, d in enumerate(owners)
@@ -523,7 +548,7 @@ class LedgerDirectories:
     ) -> None:
         """Judge an error seen in `directory` (any thread). An error about the journal's
         files (an entry kept there) is the journal's, not the directory's."""
-        if str(self._journal_dir) in _described(error):
+        if self._journal_file.search(_described(error)):
             return
         with self._lock:
             health, probe = directory.health.on_error(_errno_of(error), str(error), self._clock())
@@ -531,7 +556,8 @@ class LedgerDirectories:
             self._fail(directory, health)
         elif probe and probe_now:
             self.probe(directory.name)
-        elif probe:
+        elif probe and time.monotonic() - self._probe_requested >= PROBE_REQUEST_SPACING:
+            self._probe_requested = time.monotonic()
             self._on_unclear_error()
 
     def probe(self, name: str) -> None:
@@ -595,11 +621,12 @@ class LedgerDirectories:
         self._on_failure(directory.name, health.reason, placed)
 
     def close_failed(self) -> None:
-        """Close the storages of the failed directories (a worker thread; once nothing
-        calls them any more: the event loop routes nothing there since they failed)."""
+        """Close the storages of the failed directories whose ledgers went elsewhere (a
+        worker thread; once nothing calls them any more: the event loop routes nothing
+        there since they failed)."""
         for directory in self._dirs:
             storage = directory.storage
-            if storage is None or not directory.health.failed:
+            if storage is None or not directory.health.failed or directory.ledgers:
                 continue
             directory.closed_stats = dataclasses.replace(
                 storage.stats(), cache_entries=0, cache_bytes=0
@@ -644,14 +671,22 @@ class LedgerDirectories:
         return next(d for d in self._dirs if d.name == name)
 
     def close(self) -> None:
-        """Close the files; no checkpoint (the bookie checkpoints first, with its mark)."""
-        try:
-            for directory in self._dirs:
-                storage, directory.storage = directory.storage, None
-                if storage is not None:
-                    storage.close()
-        finally:
-            self._record.close()
+        """Close the files; no checkpoint (the bookie checkpoints first, with its mark).
+        A failed directory's storage may fail to close: that is logged."""
+        problem: TallyError | OSError | None = None
+        for directory in self._dirs:
+            storage, directory.storage = directory.storage, None
+            if storage is None:
+                continue
+            try:
+                storage.close()
+            except (TallyError, OSError) as error:
+                if not directory.health.failed:
+                    problem = problem or error
+                log.warning("closing ledger directory %s: %s", directory.name, error)
+        self._record.close()
+        if problem is not None:
+            raise problem
 
 
 BookieStorage = LedgerStorage | LedgerDirectories

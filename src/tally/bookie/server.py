@@ -203,8 +203,6 @@ class Bookie:
             max_frame_size=config.max_frame_size,
             on_io_error=self._io_error,
         )
-        if all(d.failed for d in self._storage.directories()):
-            self.disk = self.disk.with_io_error("every ledger directory of this bookie failed")
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
         await self._journal.start()
@@ -437,11 +435,11 @@ class Bookie:
 
     def _after_failure(self, ledgers: list[LedgerId]) -> None:
         async def follow_up() -> None:
-            await asyncio.to_thread(self.storage.close_failed)
-            with contextlib.suppress(TallyError):
+            with contextlib.suppress(TallyError):  # the disk check registers it again
                 await self._register()
             if self._limbo is not None:
                 await self._limbo.mark_lost(ledgers)
+            await asyncio.to_thread(self.storage.close_failed)  # may wait on a hung disk
 
         task = asyncio.get_running_loop().create_task(follow_up(), name="ledger-dir-failed")
         self._failures.add(task)

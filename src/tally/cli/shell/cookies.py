@@ -74,8 +74,8 @@ def cookie_update(
         typer.Option(
             "--force",
             help="Confirms bringing back a ledger directory found empty that had not failed, "
-            "or dropping one: the bookie's copies of their ledgers are then repaired from "
-            "the other copies.",
+            "or dropping one (the bookie's copies of their ledgers are then repaired from "
+            "the other copies), or bringing a failed one back with its data.",
         ),
     ] = False,
     metadata: Metadata = None,
@@ -83,7 +83,9 @@ def cookie_update(
     """Make a stopped bookie's cookie list the ledger directories of its configuration:
     new, empty ones are formatted (more disks), and so are empty ones standing for a failed
     disk that was replaced (its ledgers are repaired onto the bookie from their other
-    copies). Restart the bookie afterwards; no ledger moves."""
+    copies). With --force, a failed directory whose ledgers had nowhere else to go comes
+    back with its data, once its disk was checked. Restart the bookie afterwards; no ledger
+    moves."""
 
     async def update(store: MetadataStore) -> DirectoriesUpdate:
         if await BookieRegistry(store).registration(bookie) is not None:
@@ -106,7 +108,9 @@ def cookie_update(
         for what, directories in (
             ("added", done.added),
             ("brought back empty", done.replaced),
+            ("brought back with its data", done.restored),
             ("dropped", done.removed),
+            ("still failed", done.still_failed),
         )
         for directory in directories
     ]
