@@ -6,6 +6,7 @@ fails or was replaced empty puts its ledgers in limbo on the others, where they 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import shutil
 from pathlib import Path
@@ -13,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from tally.bookie.journal_format import JournalMark
+from tally.bookie.ledger_dir_health import errno_of
 from tally.bookie.ledger_directories import LedgerDirectories
 from tally.bookie.ledger_placement import PlacementRecord
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.admission import admit_add
 from tally.core.digest import crc32c
-from tally.core.errors import LedgerInLimbo, WriteFailed
+from tally.core.errors import EntryUnreadable, LedgerInLimbo, WriteFailed
 from tally.core.ids import LedgerId
 from tests.support.filesystems import fail_read_only, small_filesystem, unmount_lazily
 
@@ -211,3 +213,19 @@ def test_a_checkpoint_goes_on_without_a_directory_whose_disk_turned_read_only(
             storage.close_failed()
         finally:
             storage.close()
+
+
+def test_the_errno_behind_an_error_is_found_in_its_causes_or_in_the_index_engine_s_text() -> None:
+    def raised_from(cause: OSError) -> WriteFailed:
+        try:
+            raise WriteFailed("entry log: write failed") from cause
+        except WriteFailed as error:
+            return error
+
+    assert errno_of(raised_from(OSError(errno.EIO, "Input/output error"))) == errno.EIO
+    engine = WriteFailed(
+        "index: IO error: While appending to file: 000012.log: Read-only file system"
+    )
+    assert errno_of(engine) == errno.EROFS
+    assert errno_of(WriteFailed("index: IO error: No space left on device")) == errno.ENOSPC
+    assert errno_of(EntryUnreadable("CRC32C of the 10 bytes is 0x1, stored 0x2")) is None

@@ -38,7 +38,6 @@ Threads: as LedgerStorage's. `_lock` guards the placements and the directories' 
 from __future__ import annotations
 
 import dataclasses
-import errno as errnos
 import heapq
 import logging
 import os
@@ -51,19 +50,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-from tally.bookie.compactor import GcReport, GcSettings, GcStats
+from tally.bookie.compactor import GcReport, GcSettings
 from tally.bookie.entry_log import DEFAULT_LOG_SIZE_LIMIT
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.bookie.journal_format import JournalMark
+from tally.bookie.ledger_dir_health import described, errno_of, probe_directory
 from tally.bookie.ledger_placement import PlacementRecord
 from tally.bookie.ledger_storage import (
     DEFAULT_AVAILABILITY_BATCH,
     LedgerStorage,
     LedgerStorageStats,
 )
+from tally.bookie.storage_totals import combined, summed
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
-from tally.core.compaction import CompactionKind
 from tally.core.errors import (
     EntryUnreadable,
     IllegalOperation,
@@ -73,8 +73,6 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_dirs import (
-    FAILURE_ERRNOS,
-    FULL_ERRNOS,
     DirectoryHealth,
     DirectoryView,
     ProbeResult,
@@ -86,11 +84,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PROBE_FILE = ".probe"
 PROBE_REQUEST_SPACING = 1.0
 """Seconds between two probes asked for by unclear errors (a run of corrupt reads)."""
-_KNOWN_ERRNOS = {os.strerror(number): number for number in FAILURE_ERRNOS | FULL_ERRNOS}
-"""An error of the index engine carries the errno's text only."""
 
 DirectoryFailed = Callable[[str, str, list[LedgerId]], None]
 """(directory, reason, ledgers placed again in limbo): told from the thread that saw it."""
@@ -234,20 +229,12 @@ class LedgerDirectories:
                 if ledger_id not in indexed[placed_on]:
                     lost[placed_on].append(ledger_id)  # lost with the data of a replaced disk
                 continue
-            target = self._choose() if self._in_service() else placed_on
-            if target is None:  # placed on a directory no longer configured, nowhere to go
-                log.error(
-                    "ledger %s is placed on %s, which is not a configured ledger directory, "
-                    "and no directory is in service",
-                    ledger_id.qualified_name,
-                    name,
-                )
-                continue
+            target = self._choose()  # placed on a failed or dropped directory: lost there
+            assert target is not None, "a directory is in service"
             self._placement[ledger_id] = target
             target.ledgers += 1
-            if target.storage is not None:
-                self._unsaved[ledger_id] = target
-                lost[target].append(ledger_id)
+            self._unsaved[ledger_id] = target
+            lost[target].append(ledger_id)
         for directory, ledger_ids in lost.items():
             assert directory.storage is not None
             directory.storage.enter_limbo(ledger_ids)
@@ -457,7 +444,7 @@ class LedgerDirectories:
                 found.append(directory.closed_stats)
             elif directory.storage is not None:
                 found.append(directory.storage.stats())
-        return found[0] if len(found) == 1 else _summed(found)
+        return found[0] if len(found) == 1 else summed(found)
 
     # -- maintenance (worker threads) --------------------------------------------------
 
@@ -539,7 +526,7 @@ class LedgerDirectories:
                     raise
         if not reports:
             raise WriteFailed("every ledger directory of this bookie failed")
-        return reports[0] if len(reports) == 1 else _combined(reports)
+        return reports[0] if len(reports) == 1 else combined(reports)
 
     # -- directories' health -----------------------------------------------------------
 
@@ -548,10 +535,10 @@ class LedgerDirectories:
     ) -> None:
         """Judge an error seen in `directory` (any thread). An error about the journal's
         files (an entry kept there) is the journal's, not the directory's."""
-        if self._journal_file.search(_described(error)):
+        if self._journal_file.search(described(error)):
             return
         with self._lock:
-            health, probe = directory.health.on_error(_errno_of(error), str(error), self._clock())
+            health, probe = directory.health.on_error(errno_of(error), str(error), self._clock())
         if health.failed:
             self._fail(directory, health)
         elif probe and probe_now:
@@ -694,128 +681,8 @@ BookieStorage = LedgerStorage | LedgerDirectories
 storage of one directory (tests and tools), or the bookie's directories."""
 
 
-def probe_directory(path: Path, device: int) -> ProbeResult:
-    """Write a small file in the directory, sync it and read it back, after checking that
-    the directory is still on `device` (an unmounted file system leaves the directory on
-    the one below it)."""
-    try:
-        now = os.stat(path).st_dev
-    except OSError as error:
-        return ProbeResult(device, None, error.errno, f"stat {path}: {error.strerror}")
-    if now != device:
-        return ProbeResult(device, now)
-    target = path / PROBE_FILE
-    written = os.urandom(16) + b"tally ledger directory probe\n"
-    step = "open"
-    try:
-        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            step = "write"
-            os.write(fd, written)
-            step = "fdatasync"
-            os.fdatasync(fd)
-            step = "read"
-            read = os.pread(fd, len(written) + 1, 0)
-        finally:
-            os.close(fd)
-    except OSError as error:
-        return ProbeResult(device, now, error.errno, f"{step} {target}: {error.strerror}")
-    if read != written:
-        return ProbeResult(device, now, errnos.EIO, f"read {target}: other bytes than written")
-    return ProbeResult(device, now)
-
-
 def _tagged(
     index: int, walk: Iterator[tuple[LedgerId, EntryAvailability]]
 ) -> Iterator[tuple[LedgerId, int, EntryAvailability]]:
     for ledger_id, held in walk:
         yield ledger_id, index, held
-
-
-def _described(error: BaseException) -> str:
-    """The messages of the error and of its causes."""
-    parts: list[str] = []
-    seen: BaseException | None = error
-    while seen is not None and len(parts) < 8:
-        parts.append(str(seen))
-        seen = seen.__cause__ or seen.__context__
-    return " | ".join(parts)
-
-
-def _errno_of(error: BaseException) -> int | None:
-    """The errno behind an error: of an OSError among its causes, or named by the text of
-    an index engine's error."""
-    seen: BaseException | None = error
-    for _ in range(8):
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.errno is not None:
-            return seen.errno
-        seen = seen.__cause__ or seen.__context__
-    described = _described(error)
-    for text, number in _KNOWN_ERRNOS.items():
-        if text in described:
-            return number
-    return None
-
-
-def _summed(found: list[LedgerStorageStats]) -> LedgerStorageStats:
-    """The counters of several directories' storages, as one."""
-    total = {
-        field.name: sum(getattr(stats, field.name) for stats in found)
-        for field in dataclasses.fields(LedgerStorageStats)
-        if field.name not in ("gc", "checkpoints", "last_checkpoint_seconds")
-    }
-    gc = GcStats(
-        runs=max(stats.gc.runs for stats in found),
-        deleted_entry_logs=sum(stats.gc.deleted_entry_logs for stats in found),
-        released_journal_files=sum(stats.gc.released_journal_files for stats in found),
-        compacted_entry_logs=_counts(stats.gc.compacted_entry_logs for stats in found),
-        compacted_journal_files=_counts(stats.gc.compacted_journal_files for stats in found),
-        reclaimed_deletion_bytes=sum(stats.gc.reclaimed_deletion_bytes for stats in found),
-        reclaimed_compaction_bytes=sum(stats.gc.reclaimed_compaction_bytes for stats in found),
-        moved_entries=sum(stats.gc.moved_entries for stats in found),
-        moved_bytes=sum(stats.gc.moved_bytes for stats in found),
-        last_compaction_bytes_per_second=max(
-            stats.gc.last_compaction_bytes_per_second for stats in found
-        ),
-        last_files=tuple(f for stats in found for f in stats.gc.last_files),
-    )
-    return LedgerStorageStats(
-        **total,
-        checkpoints=max(stats.checkpoints for stats in found),
-        last_checkpoint_seconds=max(stats.last_checkpoint_seconds for stats in found),
-        gc=gc,
-    )
-
-
-def _counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = defaultdict(int)
-    for one in counts:
-        for name, count in one.items():
-            total[name] += count
-    return dict(total)
-
-
-_COMPACTION_ORDER = (CompactionKind.NONE, CompactionKind.MINOR, CompactionKind.MAJOR)
-
-
-def _combined(reports: list[GcReport]) -> GcReport:
-    """The reports of one garbage collection run over several directories, as one."""
-    return GcReport(
-        now=reports[0].now,
-        seconds=sum(r.seconds for r in reports),
-        compaction=max((r.compaction for r in reports), key=_COMPACTION_ORDER.index),
-        finished=all(r.finished for r in reports),
-        suspended=next((r.suspended for r in reports if r.suspended), None),
-        deleted_entry_logs=tuple(i for r in reports for i in r.deleted_entry_logs),
-        released_journal_files=tuple(i for r in reports for i in r.released_journal_files),
-        compacted_entry_logs=tuple(i for r in reports for i in r.compacted_entry_logs),
-        compacted_journal_files=tuple(i for r in reports for i in r.compacted_journal_files),
-        reclaimed_bytes=sum(r.reclaimed_bytes for r in reports),
-        moved_entries=sum(r.moved_entries for r in reports),
-        moved_bytes=sum(r.moved_bytes for r in reports),
-        compaction_seconds=sum(r.compaction_seconds for r in reports),
-        files=tuple(f for r in reports for f in r.files),
-        failures=tuple(f for r in reports for f in r.failures),
-    )
