@@ -415,16 +415,15 @@ class LedgerDirectories:
     ) -> Iterator[tuple[LedgerId, EntryAvailability]]:
         """AVAILABILITY_DUMP over every open storage, ascending; a ledger is listed from the
         directory it is placed on only."""
-        owners = [d for d in self._dirs if d.storage is not None]
+        owners = [(d, d.storage) for d in self._dirs if d.storage is not None]
         walks = [
-            _tagged(index, d.storage.iter_availability(batch_ledgers))
-            for index, d in enumerate(owners)
-            if d.storage is not None
+            _tagged(index, storage.iter_availability(batch_ledgers))
+            for index, (_, storage) in enumerate(owners)
         ]
         for ledger_id, index, held in heapq.merge(*walks, key=lambda item: (item[0], item[1])):
             with self._lock:
                 placed = self._placement.get(ledger_id)
-            if placed is owners[index]:
+            if placed is owners[index][0]:
                 yield ledger_id, held
 
     def last_checkpoint_mark(self) -> bytes | None:
@@ -456,14 +455,14 @@ class LedgerDirectories:
         with self._maintenance:
             with self._lock:
                 unsaved = dict(self._unsaved)
-            problems: list[TallyError] = []
+            problems: list[TallyError | OSError] = []
             done: set[_Directory] = set()
             for directory in self._in_service():
                 assert directory.storage is not None
                 try:
                     directory.storage.checkpoint(journal_mark)
                     done.add(directory)
-                except (WriteFailed, EntryUnreadable) as error:
+                except (WriteFailed, EntryUnreadable, OSError) as error:
                     self._disk_error(directory, error, probe_now=True)
                     if not directory.health.failed:
                         problems.append(error)
@@ -488,7 +487,7 @@ class LedgerDirectories:
                 storage.delete_ledger(ledger_id)
             except NoSuchLedger:
                 pass
-            except (WriteFailed, EntryUnreadable) as error:
+            except (WriteFailed, EntryUnreadable, OSError) as error:
                 self._disk_error(directory, error, probe_now=True)
                 raise
             with self._lock:
@@ -503,7 +502,7 @@ class LedgerDirectories:
             directory, storage = self._reading(ledger_id)
             try:
                 return storage.forget_entries(ledger_id, entry_ids)
-            except (WriteFailed, EntryUnreadable) as error:
+            except (WriteFailed, EntryUnreadable, OSError) as error:
                 self._disk_error(directory, error, probe_now=True)
                 raise
 
@@ -520,7 +519,7 @@ class LedgerDirectories:
                         now, force_major=force_major, force_minor=force_minor
                     )
                 )
-            except (WriteFailed, EntryUnreadable) as error:
+            except (WriteFailed, EntryUnreadable, OSError) as error:
                 self._disk_error(directory, error, probe_now=True)
                 if not directory.health.failed:
                     raise
