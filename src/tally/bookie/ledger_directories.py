@@ -87,6 +87,9 @@ T = TypeVar("T")
 PROBE_REQUEST_SPACING = 1.0
 """Seconds between two probes asked for by unclear errors (a run of corrupt reads)."""
 
+_NEW_LEDGER = LedgerAccess()
+_LOST_LEDGER = LedgerAccess(lost=True)
+
 DirectoryFailed = Callable[[str, str, list[LedgerId]], None]
 """(directory, reason, ledgers placed again in limbo): told from the thread that saw it."""
 
@@ -110,6 +113,9 @@ class _Directory:
         self.name = str(path.resolve())
         """As the cookie and the placement record name it."""
         self.storage = storage
+        """Open: in service, or failed and still serving reads."""
+        self.writable = None if health.failed else storage
+        """The storage while the directory is in service: what the add path looks at."""
         self.health = health
         self.device = os.stat(path).st_dev if storage is not None else -1
         self.ledgers = 0
@@ -263,21 +269,28 @@ class LedgerDirectories:
         return None if chosen is None else self._dirs[chosen]
 
     def _writing(self, ledger_id: LedgerId) -> LedgerStorage:
-        """The storage to write the ledger to, placing the ledger if it is new."""
-        with self._lock:
-            directory = self._placement.get(ledger_id)
-            if directory is None:
-                directory = self._choose()
-                if directory is None:
-                    raise WriteFailed("every ledger directory of this bookie failed")
-                self._placement[ledger_id] = directory
-                self._unsaved[ledger_id] = directory
-                directory.ledgers += 1
-        return self._usable(directory, ledger_id, reading=False)
+        """The storage to write the ledger to, placing the ledger if it is new.
+
+        A placement is looked up without the lock (a dict read is atomic), as the add path
+        does it for every entry; placing takes it."""
+        directory = self._placement.get(ledger_id)
+        if directory is None:
+            with self._lock:
+                directory = self._placement.get(ledger_id) or self._place(ledger_id)
+        return directory.writable or self._usable(directory, ledger_id, reading=False)
+
+    def _place(self, ledger_id: LedgerId) -> _Directory:
+        """Place a new ledger (call under `_lock`)."""
+        directory = self._choose()
+        if directory is None:
+            raise WriteFailed("every ledger directory of this bookie failed")
+        self._placement[ledger_id] = directory
+        self._unsaved[ledger_id] = directory
+        directory.ledgers += 1
+        return directory
 
     def _reading(self, ledger_id: LedgerId) -> tuple[_Directory, LedgerStorage]:
-        with self._lock:
-            directory = self._placement.get(ledger_id)
+        directory = self._placement.get(ledger_id)
         if directory is None:
             raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
         return directory, self._usable(directory, ledger_id, reading=True)
@@ -326,7 +339,11 @@ class LedgerDirectories:
         data: EntryBytes,
         last_add_confirmed: int,
     ) -> None:
-        self._writing(ledger_id).add_entry(ledger_id, entry_id, crc32c, data, last_add_confirmed)
+        directory = self._placement.get(ledger_id)  # inline `_writing`: once per add
+        storage = directory.writable if directory is not None else None
+        (storage or self._writing(ledger_id)).add_entry(
+            ledger_id, entry_id, crc32c, data, last_add_confirmed
+        )
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
         self._writing(ledger_id).set_master_key(ledger_id, master_key)
@@ -376,16 +393,18 @@ class LedgerDirectories:
             raise
 
     def ledger_access(self, ledger_id: LedgerId) -> LedgerAccess:
-        """As LedgerStorage's, `lost` for a ledger whose directory failed."""
-        with self._lock:
-            directory = self._placement.get(ledger_id)
-            lost = ledger_id in self._lost
+        """As LedgerStorage's, `lost` for a ledger whose directory failed (the add path's
+        look-up: no lock for the placement, whose reads are atomic)."""
+        directory = self._placement.get(ledger_id)
         if directory is None:
-            return LedgerAccess()
-        if directory.storage is None or directory.health.failed:
-            return LedgerAccess(lost=True)
-        access = directory.storage.ledger_access(ledger_id)
-        return dataclasses.replace(access, lost=True) if lost else access
+            return _NEW_LEDGER
+        storage = directory.writable
+        if storage is None:
+            return _LOST_LEDGER
+        access = storage.ledger_access(ledger_id)
+        if self._lost and ledger_id in self._lost:
+            return dataclasses.replace(access, lost=True)
+        return access
 
     def master_key(self, ledger_id: LedgerId) -> bytes | None:
         return self._read(ledger_id, LedgerStorage.master_key)
@@ -576,6 +595,7 @@ class LedgerDirectories:
             if directory.health.failed:
                 return
             directory.health = health
+            directory.writable = None
             moved = [ledger for ledger, d in self._placement.items() if d is directory]
             targets: dict[_Directory, list[LedgerId]] = defaultdict(list)
             for ledger_id in moved:
@@ -661,7 +681,7 @@ class LedgerDirectories:
         A failed directory's storage may fail to close: that is logged."""
         problem: TallyError | OSError | None = None
         for directory in self._dirs:
-            storage, directory.storage = directory.storage, None
+            storage, directory.storage, directory.writable = directory.storage, None, None
             if storage is None:
                 continue
             try:
