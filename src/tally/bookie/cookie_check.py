@@ -39,9 +39,7 @@ async def verify_or_format(
     `failed` (ledger directories out of service since their disks failed) are not read."""
     names = [str(d.resolve()) for d in directories]
     on_disk = {
-        d: _readable(d, bookie_id)
-        for d, name in zip(directories, names, strict=True)
-        if name not in failed
+        d: _read(d) for d, name in zip(directories, names, strict=True) if name not in failed
     }
     stored = await cookies.get(bookie_id)
     found = {d: c for d, c in on_disk.items() if c is not None}
@@ -267,18 +265,6 @@ def _check(stored: Cookie, other: Cookie, source: str) -> None:
             "the directories, disks and metadata store its cookie records. To change them, "
             "decommission the bookie (its ledgers re-replicate), delete its cookie with "
             "`tally shell cookie delete`, then start it as a new bookie."
-        ) from None
-
-
-def _readable(directory: Path, bookie_id: str) -> Cookie | None:
-    """The cookie in the directory; a disk that cannot be read says what to do."""
-    try:
-        return _read(directory)
-    except OSError as error:
-        raise CookieMismatch(
-            f"bookie {bookie_id}: cannot read the cookie in {directory}: {error}. If its disk "
-            f"failed, replace it and run `tally shell cookie update {bookie_id} --force` with "
-            "the bookie's configuration to bring the directory back empty."
         ) from None
 
 
