@@ -27,14 +27,17 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.digest import DigestType
+from tally.core.errors import TallyError
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import Deletion, LedgerMetadata
 from tally.core.schedule import write_set
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import init_cluster
+from tally.metadata.cookies import Cookie, CookieManager
+from tally.metadata.incarnations import RememberedIncarnations
 from tally.metadata.ledger_manager import LedgerManager
-from tally.metadata.paths import AUDITOR
+from tally.metadata.paths import AUDITOR, incarnation_path
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.underreplication import AuditorCheck, UnderReplicationManager
@@ -82,6 +85,10 @@ def config(**settings: object) -> AutoRecoveryConfig:
         "auditor_replicas_check_interval": 0.0,
     }
     return AutoRecoveryConfig(**{**base, **settings})  # type: ignore[arg-type]
+
+
+def incarnations_changed() -> float:
+    return REGISTRY.get_sample_value("auditor_bookie_incarnations_changed_total") or 0.0
 
 
 def marks_counter(cause: str) -> float:
@@ -147,6 +154,20 @@ class Harness:
             metadata = metadata.deleted(Deletion(1, "deleted by the test"))
         await self.ledgers.create_ledger_metadata(ledger_id, metadata)
         return ledger_id
+
+    async def format(self, *bookies: str) -> dict[str, str]:
+        """Give each bookie a new cookie, as its format does (after an operator deleted the
+        old one); the new incarnation ids."""
+        cookies = CookieManager(self.store)
+        for bookie in bookies:
+            if await cookies.get(bookie) is not None:
+                await cookies.delete(bookie)
+            await cookies.put(Cookie.new(bookie, ["/data"], "instance"), None)
+        return {bookie: (await cookies.incarnations())[bookie] for bookie in bookies}
+
+    async def remembered(self) -> dict[str, str | None]:
+        found = await RememberedIncarnations(self.store).all()
+        return {bookie: record.incarnation_id for bookie, record in found.items()}
 
     async def marked(self) -> dict[LedgerId, frozenset[str]]:
         return {
@@ -408,6 +429,112 @@ async def test_a_new_auditor_finds_bookies_lost_before_it_was_elected() -> None:
             h.clock.advance(61)
             await until(lambda: lost_state(auditor) == {B2: "marked"})
             assert await h.marked() == {ledger_id: frozenset({B2})}
+
+
+# -- incarnations ----------------------------------------------------------------------------
+
+
+async def test_a_bookie_formatted_anew_has_exactly_its_ledgers_marked() -> None:
+    async with harness() as h:
+        await h.up(B1, B2, B3)
+        first = await h.format(B1, B2, B3)
+        closed = await h.ledger((B1, B2))
+        still_open = await h.ledger((B2, B3), last=None)
+        await h.ledger((B1, B3))  # elsewhere
+        await h.ledger((B1, B2), deleted=True)  # DELETED: not repaired, so not marked
+        await h.ledger((B1, B2), last=-1)  # closed empty: B2 holds nothing of it
+        trailing = await h.ledgers.generate_ledger_id()  # B2 only in an empty last segment
+        await h.ledgers.create_ledger_metadata(
+            trailing,
+            LedgerMetadata.create(
+                ensemble=(B1, B3),
+                write_quorum=2,
+                ack_quorum=1,
+                digest_type=DigestType.CRC32C,
+                password=b"",
+                ctime_ms=0,
+                creator_token=b"",
+            )
+            .with_ensemble_change(5, (B1, B2))
+            .close(4, 50),
+        )
+        before, changes = marks_counter("incarnation_changed"), incarnations_changed()
+        settings = config(lost_bookie_recovery_delay=3600)
+        async with h.auditor(settings) as (auditor, _, _):
+
+            async def remembered_all() -> bool:
+                return await h.remembered() == first
+
+            await until(remembered_all, "the first-seen bookies remembered")
+            assert await h.marked() == {}, "a bookie seen for the first time marks nothing"
+
+            # B2 stops, its disks are wiped and its cookie deleted; it formats anew and
+            # registers again well within lost_bookie_recovery_delay.
+            await h.down(B2)
+            await until(lambda: lost_state(auditor) == {B2: "pending"})
+            again = await h.format(B2)
+            await h.up(B2)
+            await until(lambda: lost_state(auditor) == {})
+
+            async def remembered_again() -> bool:
+                return (await h.remembered())[B2] == again[B2]
+
+            await until(remembered_again, "the new incarnation remembered")
+            assert await h.marked() == {closed: {B2}, still_open: {B2}}
+            assert marks_counter("incarnation_changed") - before == 2
+            assert incarnations_changed() - changes == 1
+            assert (await h.remembered())[B1] == first[B1]
+
+
+async def test_marks_come_before_remembering_so_a_failure_between_marks_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with harness() as h:
+        await h.up(B1, B2)
+        ledger_id = await h.ledger((B1, B2))
+        await h.format(B1, B2)
+        memory = RememberedIncarnations(h.store)
+        for bookie, incarnation in (await CookieManager(h.store).incarnations()).items():
+            await memory.remember(bookie, incarnation, expected_version=None, now_ms=0)
+        # The record of B2 does not decode: its past is unknown, which counts as a change.
+        await h.store.set(incarnation_path(B2), b"garbage")
+        old = await h.remembered()
+        assert old[B2] is None
+        current = {**await CookieManager(h.store).incarnations(), **await h.format(B1)}
+
+        real_remember = RememberedIncarnations.remember
+        failures: list[str] = []
+
+        async def failing(
+            self: RememberedIncarnations,
+            bookie_id: str,
+            incarnation_id: str,
+            *,
+            expected_version: int | None,
+            now_ms: int,
+        ) -> None:
+            if not failures:
+                failures.append(bookie_id)
+                raise TallyError("the store went away")
+            await real_remember(
+                self, bookie_id, incarnation_id, expected_version=expected_version, now_ms=now_ms
+            )
+
+        monkeypatch.setattr(RememberedIncarnations, "remember", failing)
+        before = marks_counter("incarnation_changed")
+        async with h.auditor(config()) as (auditor, _, _):
+            await until(lambda: failures, "the failed remember")
+            assert await h.marked() == {ledger_id: frozenset({B1, B2})}, "marked first"
+            assert await h.remembered() == old, "nothing remembered after the failure"
+            h.clock.advance(61)  # past RETRY_DELAY
+
+            async def remembered() -> bool:
+                return await h.remembered() == current
+
+            await until(remembered, "remembered on the retry")
+            assert marks_counter("incarnation_changed") - before == 2, "marked again"
+            assert await h.marked() == {ledger_id: frozenset({B1, B2})}
+            assert auditor.status()["elected"]
 
 
 # -- the periodic checks ---------------------------------------------------------------------

@@ -22,12 +22,14 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.client import Client
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.schedule import write_set
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import LOCKS
 from tests.support.cluster import SESSION_TIMEOUT, Cluster, replica_copies, running_cluster
 from tests.support.polling import until
 from tests.support.processes import AutoRecoveryProcess, tally
+from tests.support.rot import rot_entries
 
 PASSWORD = b"e2e"
 REPAIR_TIMEOUT = 60.0
@@ -49,13 +51,15 @@ def payload(ledger_id: LedgerId, entry_id: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-async def write_ledgers(uri: str, count: int, entries: int, size: int = 100) -> dict[LedgerId, int]:
-    """`count` closed ledgers E3 WQ2 AQ2; their last entry ids."""
+async def write_ledgers(
+    uri: str, count: int, entries: int, size: int = 100, *, write_quorum: int = 2
+) -> dict[LedgerId, int]:
+    """`count` closed ledgers E3 WQ`write_quorum` AQ2; their last entry ids."""
     async with Client(uri) as client:
 
         async def one() -> tuple[LedgerId, int]:
             writer = await client.create_ledger(
-                ensemble_size=3, write_quorum=2, ack_quorum=2, password=PASSWORD
+                ensemble_size=3, write_quorum=write_quorum, ack_quorum=2, password=PASSWORD
             )
             futures = [
                 writer.append_nowait(payload(writer.ledger_id, e, size)) for e in range(entries)
@@ -228,3 +232,66 @@ async def test_entries_deleted_behind_a_bookie_s_back_are_found_and_copied_back(
     after = await records(cluster.uri, ledgers)
     assert after[damaged_ledger].metadata.segments == metadata.segments, "copied back in place"
     await assert_fully_replicated(cluster.uri, ledgers)
+
+
+async def test_rotten_copies_found_by_the_ledger_check_are_written_over(cluster: Cluster) -> None:
+    """Bytes flipped in a bookie's entry log: the index still says the entries are there,
+    so only their bad copies, named in the mark, make the worker copy them back."""
+    ledgers = await write_ledgers(cluster.uri, 3, 30)
+    found = await records(cluster.uri, ledgers)
+    damaged = next(iter(ledgers))
+    metadata = found[damaged].metadata
+    bookie_id = metadata.segments[0].ensemble[0]
+    held = [e for e in range(30) if 0 in write_set(e, 3, 2)]
+    bookie = cluster.bookie(bookie_id)
+    bookie.stop()
+    assert rot_entries(bookie.data_dir, damaged, held) == len(held)
+    cluster.restart([bookie_id])
+    before = await replica_copies(damaged, metadata, PASSWORD, 29)
+    assert {before[e][bookie_id] for e in held} == {"EntryUnreadable"}
+    with autorecovery(
+        cluster,
+        "ar-rot",
+        auditor_periodic_check_interval="1",
+        auditor_ledger_verification_percentage="100",
+    ):
+        await until(
+            lambda: _copies_read_back(damaged, metadata, bookie_id, held),
+            "the bad copies written over",
+            timeout=REPAIR_TIMEOUT,
+        )
+        await wait_repaired(cluster.uri, ledgers, lost=None)
+    assert (await records(cluster.uri, ledgers))[damaged].metadata.segments == metadata.segments
+    await assert_fully_replicated(cluster.uri, ledgers)
+
+
+async def _copies_read_back(
+    ledger_id: LedgerId, metadata: LedgerMetadata, bookie_id: str, entries: list[int]
+) -> bool:
+    copies = await replica_copies(ledger_id, metadata, PASSWORD, max(entries))
+    return all(copies[e][bookie_id] == payload(ledger_id, e, 100) for e in entries)
+
+
+async def test_a_client_read_of_a_bad_copy_gets_it_repaired(cluster: Cluster) -> None:
+    """No check runs: the client's read, served by another copy, files the bad ones."""
+    ledgers = await write_ledgers(cluster.uri, 1, 30)
+    (damaged,) = ledgers
+    metadata = (await records(cluster.uri, ledgers))[damaged].metadata
+    bookie_id = metadata.segments[0].ensemble[0]
+    held = [e for e in range(30) if 0 in write_set(e, 3, 2)]
+    bookie = cluster.bookie(bookie_id)
+    bookie.stop()
+    assert rot_entries(bookie.data_dir, damaged, held) == len(held)
+    cluster.restart([bookie_id])
+    async with Client(cluster.uri) as client:
+        reader = await client.open_ledger(damaged, password=PASSWORD)
+        for entry_id in range(30):
+            assert (await reader.read_entry(entry_id)).data == payload(damaged, entry_id, 100)
+    read_first = [e for e in held if write_set(e, 3, 2)[0] == 0]  # the reads met these
+    async with Client(cluster.uri) as client:
+        mark = await client.context.under_replication.under_replicated(damaged)
+    assert mark is not None
+    assert list(mark.bad_copies[bookie_id]) == read_first
+    with autorecovery(cluster, "ar-read"):
+        await wait_repaired(cluster.uri, ledgers, lost=None)
+    assert await _copies_read_back(damaged, metadata, bookie_id, read_first)

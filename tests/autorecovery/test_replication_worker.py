@@ -25,7 +25,6 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.bookie_connection import BookieConnection
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
-from tally.core.digest import master_key
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
@@ -34,6 +33,7 @@ from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.stores import open_store
 from tests.support.cluster import Cluster, eventually_writable, replica_copies, running_cluster
 from tests.support.polling import until
+from tests.support.rot import rot_entries
 
 PASSWORD = b"worker-test"
 CLIENT = ClientConfig(
@@ -394,7 +394,9 @@ async def test_an_entry_with_no_copy_anywhere_is_listed_lost_not_retried(
     await assert_every_copy(cluster.uri, writer.ledger_id, lost=frozenset({4}))
 
 
-async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cluster) -> None:
+async def test_a_corrupt_copy_is_never_copied_and_is_written_over(cluster: Cluster) -> None:
+    """The bad copy the worker runs into while copying is no source, and gets the verified
+    copy too."""
     async with tally.Client(cluster.uri, config=CLIENT) as client:
         writer = await write_ledger(client, 10, ensemble=3, write_quorum=3)
     ensemble = writer.metadata.metadata.segments[0].ensemble
@@ -402,13 +404,10 @@ async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cl
     target = 4
     first_source = ensemble[write_set(target, 3, 3)[0]]  # position 1: asked first
     assert first_source != victim
-    connection = await BookieConnection.connect(first_source, request_timeout=5.0)
-    try:
-        raw = bytearray(await connection.read(writer.ledger_id, target))
-        raw[-1] ^= 0x20  # a payload bit flipped; the stored digest no longer matches
-        await connection.add(bytes(raw), master_key(PASSWORD), recovery=True)
-    finally:
-        await connection.close()
+    assert cluster.bookie(first_source).stop() == 0  # its copy rots on disk meanwhile
+    assert rot_entries(cluster.bookie(first_source).data_dir, writer.ledger_id, [target]) == 1
+    cluster.restart([first_source])
+    await eventually_writable(cluster.uri, {b.address for b in cluster.bookies})
     corrupt_before = metric("client_read_corrupt_copies_total")
     await kill_and_wait(cluster, victim)
     async with tally.Client(cluster.uri, config=CLIENT) as client:
@@ -421,7 +420,8 @@ async def test_a_corrupt_copy_is_never_copied_another_source_is_used(cluster: Cl
     newcomer = metadata.segments[0].ensemble[0]
     assert newcomer not in ensemble
     assert all(copies[e][newcomer] == payload(writer.ledger_id, e) for e in range(10))
-    assert copies[target][first_source] == "BadDigest"  # not repaired, but never spread
+    assert copies[target][first_source] == payload(writer.ledger_id, target)
+    assert metric("replication_worker_num_bad_copies_repaired_total") >= 1
 
 
 # -- open ledgers -------------------------------------------------------------------------

@@ -107,6 +107,12 @@ class RawConnection:
         host, _, port = address.rpartition(":")
         return cls(*await asyncio.open_connection(host, int(port)))
 
+    @property
+    def local_address(self) -> str:
+        """host:port of this end, as the bookie's log names its peer."""
+        host, port = self._writer.get_extra_info("sockname")[:2]
+        return f"{host}:{port}"
+
     async def send(self, data: bytes) -> None:
         self._writer.write(data)
         await self._writer.drain()

@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.entry_log import Location
-from tally.bookie.index import Index, LedgerData
+from tally.bookie.index import CorruptMark, FoundBy, Index, LedgerData, ScrubProgress
 from tally.bookie.journal_entries import JournalLocation
 from tally.core.compaction import CompactionTimes, FileKind
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
+from tally.core.scrub import ScrubPass, ScrubTrigger
 
 MAX_ENTRY = 2**63 - 1
 EDGE_LEDGERS = [
@@ -155,7 +156,10 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     raw = rocksdict.Rdict(
         str(path),
         rocksdict.Options(raw_mode=True),
-        {name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage")},
+        {
+            name: rocksdict.Options(raw_mode=True)
+            for name in ("ledgers", "meta", "usage", "corrupt")
+        },
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"
@@ -310,6 +314,9 @@ def test_usage_counts_by_file_and_ledger(tmp_path: Path) -> None:
         (journal, 3, LedgerId(0, 1), 40),
     ]
     assert index.usage(log, 4, LedgerId(0, 1)) is None
+    assert index.file_usage(log, 3) == {LedgerId(0, 1): 70, high: 0}
+    assert index.file_usage(journal, 3) == {LedgerId(0, 1): 40}
+    assert index.file_usage(log, 4) == {}
     batch = index.batch()
     batch.delete_file_usage(log, 3)
     batch.delete_usage(journal, 3, LedgerId(0, 1))
@@ -353,6 +360,7 @@ def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Pa
     reader = Index.open_read_only(path)
     assert list(reader.usages()) == []
     assert reader.usage(FileKind.ENTRY_LOG, 0, LedgerId(0, 1)) is None
+    assert list(reader.corrupt_marks()) == []
     reader.close()
     writer = Index(path)  # the writer adds the family
     batch = writer.batch()
@@ -362,3 +370,54 @@ def test_a_read_only_open_of_an_index_from_before_usage_was_counted(tmp_path: Pa
     reader = Index.open_read_only(path)
     assert list(reader.usages()) == [(FileKind.ENTRY_LOG, 0, LedgerId(0, 1), 9)]
     reader.close()
+
+
+def test_corrupt_marks_and_scrub_records_survive_a_reopen_and_go_with_their_ledger(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "index"
+    index = Index(path)
+    put(index, {LedgerId(0, 1): [0, 1, 2], LedgerId(0, 2): [0]})
+    marks = {
+        (LedgerId(0, 1), 1): CorruptMark(Location(3, 40, 99), 1234.5, FoundBy.SCRUBBER),
+        (LedgerId(0, 1), 2): CorruptMark(
+            JournalLocation(2**64 - 1, 7, 9, 0xFFFFFFFF), 1.0, FoundBy.READ
+        ),
+        (LedgerId(0, 2), 0): CorruptMark(Location(0, 20, 30), 2.0, FoundBy.COMPACTION),
+    }
+    done = ScrubPass(10.0, ScrubTrigger.SCHEDULE).plus(
+        bytes_read=2**40, entries=7, corrupt=1, unreadable=2
+    )
+    passes = [done.finished(20.0), done.at_full_speed().finished(30.0)]
+    progress = ScrubProgress(
+        ScrubPass(40.0, ScrubTrigger.SCHEDULE), (FileKind.JOURNAL, 2**64 - 1), -1, 2**32 - 1, -1
+    )
+    batch = index.batch()
+    for (ledger_id, entry_id), mark in marks.items():
+        batch.put_corrupt(ledger_id, entry_id, mark)
+    batch.put_scrub_passes(passes)
+    batch.put_scrub_progress(progress)
+    index.write(batch)
+    index.sync()
+    index.close()
+    index = Index(path)
+    assert {
+        (ledger_id, entry_id): mark for ledger_id, entry_id, mark in index.corrupt_marks()
+    } == marks
+    assert index.scrub_passes() == passes
+    assert index.scrub_progress() == progress
+    batch = index.batch()
+    batch.delete_ledger(LedgerId(0, 1))
+    batch.put_scrub_progress(progress.at(progress.current, (FileKind.ENTRY_LOG, 3), 4096))
+    index.write(batch)
+    assert [(ledger_id, entry_id) for ledger_id, entry_id, _ in index.corrupt_marks()] == [
+        (LedgerId(0, 2), 0)
+    ]
+    assert index.scrub_progress() == progress.at(progress.current, (FileKind.ENTRY_LOG, 3), 4096)
+    batch = index.batch()
+    batch.delete_corrupt(LedgerId(0, 2), 0)
+    batch.put_scrub_progress(None)
+    index.write(batch)
+    assert list(index.corrupt_marks()) == []
+    assert index.scrub_progress() is None
+    index.close()

@@ -24,12 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.direct_io import aligned_up
-from tally.bookie.journal import Journal
+from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
 from tests.support.async_tests import run
+from tests.support.filesystems import FilesystemRefused, fill, small_filesystem
 
 SMALL = {"preallocate_size": 4096}
 """Small preallocation, so that copying a journal for each damage case stays cheap."""
@@ -566,29 +567,21 @@ def test_a_torn_tail_left_behind_in_an_older_file_is_not_mistaken_for_damage(
 def tiny_filesystem(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A 1 MiB tmpfs at `directory` when this process may mount one; otherwise a plain
     directory whose posix_fallocate fails with ENOSPC past 1 MiB. Yields which it is."""
-    directory.mkdir()
-    mounted = (
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory)],
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    )
-    if not mounted:
-        real = os.posix_fallocate
+    with contextlib.ExitStack() as mounted:
+        try:
+            mounted.enter_context(small_filesystem(directory, 1 << 20, kind="tmpfs"))
+        except FilesystemRefused:
+            real = os.posix_fallocate
 
-        def posix_fallocate(fd: int, offset: int, length: int) -> None:
-            if offset + length > 1 << 20:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            real(fd, offset, length)
+            def posix_fallocate(fd: int, offset: int, length: int) -> None:
+                if offset + length > 1 << 20:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                real(fd, offset, length)
 
-        monkeypatch.setattr(os, "posix_fallocate", posix_fallocate)
-    try:
-        yield "tmpfs" if mounted else "simulated"
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(directory)], check=True)
+            monkeypatch.setattr(os, "posix_fallocate", posix_fallocate)
+            yield "simulated"
+            return
+        yield "tmpfs"
 
 
 def test_disk_full_fails_the_batch_and_every_later_append(
@@ -663,6 +656,145 @@ def test_an_io_error_fails_the_whole_batch_and_the_queue(
     assert all(isinstance(outcome, WriteFailed) for outcome in outcomes), outcomes
     causes = {getattr(outcome.__cause__, "errno", None) for outcome in outcomes if outcome}
     assert causes == {errno.EIO}
+
+
+# -- resuming after a failure ------------------------------------------------------------
+
+
+def record_numbered(number: int, size: int = 16 << 10) -> bytes:
+    return number.to_bytes(4, "big") * (size // 4)
+
+
+async def append_until_failure(journal: Journal, first: int, limit: int = 1000) -> list[bytes]:
+    """Append numbered records one at a time until one fails; those acknowledged."""
+    acknowledged = []
+    for number in range(first, first + limit):
+        try:
+            await journal.append(record_numbered(number))
+        except WriteFailed:
+            return acknowledged
+        acknowledged.append(record_numbered(number))
+    raise AssertionError(f"{limit} records fitted")
+
+
+def test_a_full_journal_resumes_in_a_new_file_once_there_is_room(tmp_path: Path) -> None:
+    """On a real ext4 file system: the journal runs out of room, cannot resume while the
+    disk is full, resumes in a new file once room appears, and replay reads every
+    acknowledged record of both files and finds no damage."""
+    with small_filesystem(tmp_path / "disk", 16 << 20) as disk:
+        directory = disk / "journal"
+
+        async def scenario() -> list[bytes]:
+            journal = Journal(directory, file_size=4 << 20, preallocate_size=256 << 10)
+            await journal.start()
+            acknowledged = [record_numbered(n) for n in range(8)]
+            for record in acknowledged:
+                await journal.append(record)
+            filler = fill(disk, leave=64 << 10)
+            acknowledged += await append_until_failure(journal, 8)
+            failure = journal.failure
+            assert failure is not None
+            assert out_of_space(failure), failure
+            with pytest.raises(WriteFailed, match="No space left"):
+                await journal.append(b"while failed")
+            with pytest.raises(WriteFailed, match="cannot write a new journal file"):
+                await journal.resume()
+            assert journal.failure is failure
+            assert journal.stats.write_failures == 2
+            filler.unlink()
+            await journal.resume()
+            assert journal.failure is None
+            assert journal.last_mark() == JournalMark(2, HEADER_SIZE)
+            for number in range(1000, 1008):
+                await journal.append(record_numbered(number))
+                acknowledged.append(record_numbered(number))
+            await journal.close()
+            return acknowledged
+
+        acknowledged = run(scenario())
+        assert [file_id for file_id, _ in journal_files(directory)] == [1, 2]
+        journal = Journal(directory)
+        assert [record for _, record in journal.replay()] == acknowledged
+        assert journal.damage == []
+
+
+@pytest.mark.parametrize("failing", ["pwrite", "fdatasync", "posix_fallocate"])
+def test_replay_stops_at_the_last_durable_record_of_a_failed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """Whatever the failed write left in the old file (half a batch, a whole batch that
+    was never synced) lies past the end the new file's header records: neither replayed
+    nor taken for damage."""
+    real = getattr(os, failing)
+    armed = threading.Event()
+
+    def fails_once(*args: Any) -> Any:
+        if not armed.is_set():
+            return real(*args)
+        armed.clear()
+        if failing == "pwrite":  # a torn write: half the batch lands
+            fd, data, offset = args
+            real(fd, bytes(data[: len(data) // 2]), offset)
+        elif failing == "fdatasync":  # the whole batch landed, but was not synced
+            real(*args)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, failing, fails_once)
+
+    async def scenario() -> list[bytes]:
+        journal = Journal(tmp_path, direct_io=False, preallocate_size=4096)
+        await journal.start()
+        acknowledged = numbered(5, size=3000)
+        for record in acknowledged:
+            await journal.append(record)
+        armed.set()
+        lost = await asyncio.gather(
+            *[journal.append_nowait(b"never acknowledged" * 300) for _ in range(3)],
+            return_exceptions=True,
+        )
+        assert all(isinstance(outcome, WriteFailed) for outcome in lost), lost
+        with pytest.raises(IllegalOperation):
+            await Journal(tmp_path / "other").resume()
+        await journal.resume()
+        after = numbered(3, size=5000)
+        for record in after:
+            await journal.append(record)
+        await journal.close()
+        return acknowledged + after
+
+    acknowledged = run(scenario())
+    journal = Journal(tmp_path)
+    assert [record for _, record in journal.replay()] == acknowledged
+    assert journal.damage == []
+
+
+def test_a_start_on_a_full_disk_leaves_the_journal_failed_until_a_file_fits(
+    tmp_path: Path,
+) -> None:
+    with small_filesystem(tmp_path / "disk", 16 << 20) as disk:
+        directory = disk / "journal"
+        before = run(write_journal(directory, numbered(4), preallocate_size=256 << 10))
+        filler = fill(disk, leave=64 << 10)
+        failures: list[WriteFailed] = []
+
+        async def scenario() -> None:
+            journal = Journal(directory, preallocate_size=256 << 10, on_failure=failures.append)
+            assert len(list(journal.replay())) == 4
+            await journal.start()
+            assert failures
+            assert failures[0] is journal.failure
+            assert out_of_space(failures[0])
+            assert journal.last_mark() == before[-1]  # where a checkpoint may put its mark
+            with pytest.raises(WriteFailed, match="cannot write a new journal file"):
+                await journal.append(b"refused")
+            filler.unlink()
+            await journal.resume()
+            await journal.append(b"after the start")
+            await journal.close()
+
+        run(scenario())
+        records = [record for _, record in replayed(directory)]
+        assert records == [*numbered(4), b"after the start"]
 
 
 # -- crash safety, for real ---------------------------------------------------------------

@@ -3,8 +3,8 @@
 Cookies and incarnations (BP-31): the first start formats the bookie; wiped disks under
 the same id, another cluster's store and changed directories are refused with what differs.
 What a reply promised survives a SIGKILL right after it: the fence, the master key, the
-entries, the explicit LAC. An entry whose bytes rotted on disk is EntryUnreadable, never
-NoSuchEntry (seed 003).
+entries, the explicit LAC. An entry whose bytes rotted on disk is EntryCorrupt (an
+EntryUnreadable: its copy is marked corrupt), never NoSuchEntry (seed 003).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.bookie.conftest import (
     sample,
     store_session,
 )
+from tests.support.filesystems import fill, small_filesystem
 from tests.support.processes import init_cluster
 
 
@@ -115,6 +116,26 @@ async def test_wiped_disks_under_the_same_id_are_refused(cluster: str, tmp_path:
     assert disk_cookies(bookie) == {}
     assert await stored_cookie(cluster, bookie.address) == cookie
     assert await registration_of(cluster, bookie.address) is None
+
+
+async def test_a_first_start_on_a_full_disk_leaves_no_half_format(
+    cluster: str, tmp_path: Path
+) -> None:
+    """Its cookie could not be written on the disk: the store's copy is taken back too, so
+    that once the disk has room the bookie formats, rather than pass for a wiped one."""
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie")
+    with small_filesystem(bookie.data_dir, 1 << 20, kind="tmpfs"):
+        filler = fill(bookie.data_dir, leave=0)
+        refused = bookie.refused_start()
+        assert refused.returncode != 0
+        assert "No space left" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert await stored_cookie(cluster, bookie.address) is None
+        assert disk_cookies(bookie) == {}
+        filler.unlink()
+        with running(bookie):
+            assert await stored_cookie(cluster, bookie.address) is not None
+            assert set(disk_cookies(bookie)) == {"journal", "ledgers"}
 
 
 async def test_another_clusters_store_is_refused(
@@ -248,5 +269,5 @@ async def test_a_rotten_entry_is_unreadable_never_no_such_entry(
         metrics = bookie.metrics()
         assert sample(metrics, "bookie_ledger_storage_read_errors_total") == 2
         for operation in ("READ", "FENCE"):
-            labels = {"operation": operation, "result": "EntryUnreadable"}
+            labels = {"operation": operation, "result": "EntryCorrupt"}
             assert sample(metrics, "bookie_requests_total", **labels) == 1

@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -244,45 +245,57 @@ async def test_a_failed_re_registration_is_retried(
 # --- read-only on an I/O error --------------------------------------------------------------
 
 
-async def test_a_journal_io_error_fails_the_add_and_makes_the_bookie_read_only(
+async def test_a_journal_io_error_makes_the_bookie_read_only_until_a_new_file_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A failing journal disk: the add fails, the bookie is read-only (not down) and serves
+    reads, tries a new journal file on schedule, and is writable again once one writes."""
     failing = {"on": False}
-    real_fdatasync = os.fdatasync
 
-    def fdatasync(fd: int) -> None:
-        if failing["on"]:
-            raise OSError(errno.EIO, "injected I/O error")
-        real_fdatasync(fd)
+    def failing_journal(sync: Callable[[int], None]) -> Callable[[int], None]:
+        def synced(fd: int) -> None:
+            if failing["on"] and "/journal/" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.EIO, "injected I/O error")  # the journal's files only
+            sync(fd)
 
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+        return synced
+
+    monkeypatch.setattr(os, "fdatasync", failing_journal(os.fdatasync))
+    monkeypatch.setattr(os, "fsync", failing_journal(os.fsync))
     used = DiskReadings(0.5)
     monkeypatch.setattr(tally.bookie.server, "_used_fraction", used)
     ledger = new_ledger()
     async with (
-        in_process_bookie(tmp_path / "bookie", disk_check_interval=CHECK_INTERVAL) as node,
+        in_process_bookie(
+            tmp_path / "bookie",
+            disk_check_interval=CHECK_INTERVAL,
+            journal_retry_interval=CHECK_INTERVAL,
+        ) as node,
         connected(node.address) as connection,
     ):
         await connection.add(entry(ledger, 0), KEY)
         failing["on"] = True
         with pytest.raises(WriteFailed, match="injected I/O error"):
             await connection.add(entry(ledger, 1), KEY)
-        failing["on"] = False  # even once the disk answers again, it is not trusted
 
-        async def read_only() -> bool:
-            return await node.registered_as() == "readonly"
+        async def registered(mode: str) -> bool:
+            return await node.registered_as() == mode
 
-        await until(read_only, "re-registered read-only")
+        await until(lambda: registered("readonly"), "re-registered read-only")
         for attempt in (
             connection.add(entry(ledger, 2), KEY),
             connection.add(entry(ledger, 2), KEY, recovery=True),
             connection.read(ledger, 0, fencing_key=KEY),
         ):
-            with pytest.raises(WriteOnReadOnlyBookie, match="I/O error"):
+            with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write"):
                 await attempt
         assert await connection.read(ledger, 0) == entry(ledger, 0)
-        await used.more(4)
-        assert await read_only(), "an I/O error is not forgotten by the disk check"
+        await used.more(4)  # the retries meanwhile fail too
+        assert await registered("readonly"), "no new journal file was written"
+        failing["on"] = False
+        await until(lambda: registered("writable"), "writable again, without a restart")
+        await connection.add(entry(ledger, 1), KEY)
+        assert await connection.read(ledger, 1) == entry(ledger, 1)
 
 
 # --- TLS ------------------------------------------------------------------------------------

@@ -102,6 +102,31 @@ async def test_a_corrupt_copy_is_reported_and_another_replica_serves() -> None:
         before = corrupt_copies()
         assert await read_every_entry(written) == [b"entry %d" % i for i in range(ENTRIES)]
         assert corrupt_copies() - before == ENTRIES
+        async with written.cluster.client(CONFIG) as client:
+            mark = await client.context.under_replication.under_replicated(ledger)
+        assert mark is not None, "the bad copies were filed for repair"
+        assert {bookie: list(entries) for bookie, entries in mark.bad_copies.items()} == {
+            written.ensemble[position].address: [
+                e for e in range(ENTRIES) if write_set(e, 3, 3)[0] == position
+            ]
+            for position in range(3)
+        }
+
+
+async def test_copies_that_all_fail_their_digest_are_not_filed() -> None:
+    """Every copy failing its digest may say the reader has the wrong key, not that the
+    copies are bad: nothing is filed (the auditor's checks, which know, will)."""
+    async with written_ledger() as written:
+        for bookie in written.ensemble:
+            bookie.refuse = refusing(ReadRequest, EntryUnreadable("rotten"))
+        async with written.cluster.client(CONFIG) as client:
+            reader = await client.open_ledger(written.ledger_id, password=PASSWORD, recovery=False)
+            with pytest.raises(EntryUnreadable):
+                await reader.read_entry(0)
+            await client.context.bad_copies.flush()
+            assert (
+                await client.context.under_replication.under_replicated(written.ledger_id) is None
+            )
 
 
 @pytest.mark.parametrize(

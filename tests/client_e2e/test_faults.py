@@ -12,11 +12,13 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 import tally
+import tally.client.writer as writer_module
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, mac_key, master_key
 from tally.core.entry_format import decode_entry, encode_entry
@@ -28,6 +30,7 @@ from tally.errors import (
     BookieUnavailable,
     EntryUnreadable,
     LedgerRecoveryFailed,
+    NoSuchEntry,
     NotEnoughBookies,
 )
 from tally.metadata.ledger_manager import LedgerManager
@@ -394,7 +397,7 @@ async def test_corrupt_copy_is_read_from_another_replica_and_reported(
     ), reports
 
     copies = await replica_copies(w.ledger_id, metadata, PASSWORD, 19)
-    assert copies[target][rotten] == "EntryUnreadable"
+    assert copies[target][rotten] == "EntryCorrupt", "marked corrupt by the bookie's read"
     assert [c for b, c in copies[target].items() if b != rotten] == [payloads[target]] * 2
 
 
@@ -568,3 +571,40 @@ async def test_a_late_dial_failure_to_a_replaced_bookie_does_not_wedge_the_write
         await w.close()
         r = await client.open_ledger(w.ledger_id, password=PASSWORD)
         assert await read_all(r) == {i: b"%d" % i for i in range(10)}
+
+
+async def test_an_entry_changed_in_the_writer_after_its_digest_is_refused_by_every_bookie(
+    healthy: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 002's white-box test: the entry's bytes change in the client after its digest
+    was computed (and before the frame's CRC32C): the bookies check the CRC32C digest on
+    the way in, the add fails, the writer stops, and no copy of it exists anywhere."""
+    cluster = healthy
+    encode = writer_module.encode_entry
+
+    def corrupting(*args: Any, **kwargs: Any) -> bytes:
+        encoded = bytearray(encode(*args, **kwargs))
+        if args[1] == 3:  # entry 3
+            encoded[-1] ^= 0x04
+        return bytes(encoded)
+
+    monkeypatch.setattr(writer_module, "encode_entry", corrupting)
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        w = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        for i in range(3):
+            await w.append(b"sound %d" % i)
+        with pytest.raises(BadDigest):
+            await w.append(b"changed after its digest")
+    for bookie in w.metadata.metadata.ensemble_at(3):
+        connection = await BookieConnection.connect(bookie, request_timeout=5.0)
+        try:
+            with pytest.raises(NoSuchEntry):
+                await connection.read(w.ledger_id, 3)
+            assert await connection.read(w.ledger_id, 2)
+        finally:
+            await connection.close()
+    async with tally.Client(cluster.uri, config=FAST) as client:
+        reader = await client.open_ledger(w.ledger_id, password=PASSWORD)
+        assert reader.last_entry_id == 2

@@ -97,6 +97,14 @@ def test_a_full_disk_refuses_normal_writes_but_lets_recovery_through() -> None:
     admit_write(full, "b1", recovery=True)
 
 
+def test_a_journal_out_of_room_refuses_recovery_writes_too() -> None:
+    full = DiskState().with_journal_failure("ENOSPC", now=0.0)
+    for recovery in (False, True):
+        with pytest.raises(WriteOnReadOnlyBookie, match="journal cannot write: ENOSPC"):
+            admit_write(full, "b1", recovery=recovery)
+    admit_write(full.with_journal_writing(), "b1", recovery=True)
+
+
 @pytest.mark.parametrize("usage", [0.0, 0.99])
 def test_after_an_io_error_nothing_is_written(usage: float) -> None:
     failed = DiskState().with_usage(usage).with_io_error("EIO on the journal")

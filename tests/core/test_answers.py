@@ -9,6 +9,7 @@ from tally.core.answers import Answer, Copy
 from tally.core.errors import (
     BadDigest,
     BookieUnavailable,
+    EntryCorrupt,
     EntryUnreadable,
     LedgerFenced,
     LedgerInLimbo,
@@ -20,7 +21,7 @@ from tally.core.errors import (
     wire_codes,
 )
 
-NO_COPY = (NoSuchEntry, NoSuchLedger, BadDigest, EntryUnreadable, LedgerInLimbo)
+NO_COPY = (NoSuchEntry, NoSuchLedger, BadDigest, EntryUnreadable, EntryCorrupt, LedgerInLimbo)
 
 
 def test_only_explicit_absence_is_negative() -> None:
@@ -36,6 +37,7 @@ def test_only_explicit_absence_is_negative() -> None:
         Timeout(),
         BadDigest(),
         EntryUnreadable(),
+        EntryCorrupt(),
         LedgerInLimbo(),
         LedgerFenced(),
         BookieUnavailable(),

@@ -42,3 +42,51 @@ def test_mode_follows_the_hysteresis_definition(usages: list[float]) -> None:
 def test_bad_policies_are_refused(threshold: float, low: float) -> None:
     with pytest.raises(BadRequest):
         DiskPolicy(usage_threshold=threshold, low_water_mark=low)
+
+
+def test_a_journal_out_of_room_is_retried_on_schedule_and_cured_by_a_new_file() -> None:
+    policy = DiskPolicy(usage_threshold=0.95, low_water_mark=0.90, journal_retry_interval=10)
+    state = DiskState(policy).with_journal_failure("ENOSPC", now=100.0)
+    assert state.mode is BookieMode.READ_ONLY
+    assert not state.journal_writes
+    assert "journal cannot write: ENOSPC" in state.reason
+    assert "every 10s" in state.reason
+    assert not state.journal_retry_due(109.9)
+    assert state.journal_retry_due(110.0)
+    assert state.with_usage(0.1).mode is BookieMode.READ_ONLY, "usage does not cure it"
+
+    still = state.with_journal_failure("ENOSPC again", now=110.0)
+    assert not still.journal_retry_due(119.9)
+    assert still.journal_retry_due(120.0)
+    assert still.with_journal_writing().mode is BookieMode.WRITABLE
+    assert still.with_journal_writing().journal_writes
+
+
+def test_a_journal_written_again_leaves_the_usage_thresholds_in_charge() -> None:
+    state = (
+        DiskState(DiskPolicy(usage_threshold=0.95, low_water_mark=0.90))
+        .with_usage(0.96)
+        .with_journal_failure("ENOSPC", now=0.0)
+        .with_usage(0.92)  # room freed, but not below the low-water mark
+        .with_journal_writing()
+    )
+    assert state.mode is BookieMode.READ_ONLY
+    assert state.journal_writes
+    assert state.with_usage(0.89).mode is BookieMode.WRITABLE
+
+
+def test_a_failing_journal_disk_is_retried_too_and_an_io_error_elsewhere_is_not() -> None:
+    state = DiskState().with_journal_failure("EIO", now=0.0)
+    assert state.mode is BookieMode.READ_ONLY
+    assert state.journal_retry_due(10.0)
+    assert state.with_journal_writing().mode is BookieMode.WRITABLE
+    # A checkpoint's I/O error (ledger storage) is for good: no new journal file cures it.
+    broken = state.with_io_error("checkpoint failed: EIO")
+    assert not broken.journal_retry_due(1e9)
+    assert broken.with_journal_writing().mode is BookieMode.READ_ONLY
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0])
+def test_a_journal_retry_interval_must_be_positive(interval: float) -> None:
+    with pytest.raises(BadRequest, match="retry interval"):
+        DiskPolicy(journal_retry_interval=interval)

@@ -13,6 +13,7 @@ from tally.core.entry_format import (
     MAX_ENTRY_SIZE,
     Entry,
     EntryFormat,
+    check_crc_digest,
     decode_entry,
     encode_entry,
     header_size,
@@ -426,3 +427,45 @@ def test_encoder_refuses_out_of_range_fields(
 def test_encoder_refuses_a_plain_int_ledger_id() -> None:
     with pytest.raises(BadRequest, match="LedgerId"):
         encode_entry(1, 0, -1, 0, b"", DigestType.CRC32C)  # type: ignore[arg-type]
+
+
+@settings(max_examples=50)
+@given(
+    payload=st.binary(min_size=1, max_size=300),
+    digest=st.sampled_from([DigestType.CRC32, DigestType.CRC32C]),
+    data=st.data(),
+)
+def test_a_bookie_checks_crc_digests_of_v2_entries(
+    payload: bytes, digest: DigestType, data: st.DataObject
+) -> None:
+    ledger_id = LedgerId(0, 5)
+    entry = encode_entry(ledger_id, 1, 0, len(payload), payload, digest, format=EntryFormat.V2)
+    check_crc_digest(entry)
+    where = data.draw(st.integers(0, len(entry) - 1))
+    bit = data.draw(st.integers(0, 7))
+    changed = bytearray(entry)
+    changed[where] ^= 1 << bit
+    try:
+        check_crc_digest(changed)
+    except (BadDigest, MalformedData):
+        pass  # a flip in the header may make it no V2 entry, or an impossible one
+    else:
+        # Only a flip of the flags byte passes: into a V1 entry or one naming a digest the
+        # bookie cannot check; a reader refuses either, as not the ledger's digest type.
+        assert where == 0
+
+
+def test_entries_a_bookie_cannot_check_pass_unchecked() -> None:
+    ledger_id = LedgerId(0, 5)
+    hmac_entry = bytearray(
+        encode_entry(
+            ledger_id, 1, 0, 3, b"abc", DigestType.HMAC, mac_key(b"pw"), format=EntryFormat.V2
+        )
+    )
+    v1_entry = bytearray(encode_entry(ledger_id, 1, 0, 3, b"abc", DigestType.CRC32C))
+    for entry in (hmac_entry, v1_entry):
+        entry[-1] ^= 0x01
+        check_crc_digest(entry)  # no password, or no digest type named: not the bookie's call
+    short = encode_entry(ledger_id, 1, 0, 3, b"abc", DigestType.CRC32C, format=EntryFormat.V2)
+    with pytest.raises(MalformedData):
+        check_crc_digest(short[:43])

@@ -54,6 +54,8 @@ KEY = master_key(b"secret")
 LEDGER = LedgerId(0, 7)
 WIDE = LedgerId(0xDEAD_BEEF_0000_0001, 0xFFFF_FFFF_FFFF_FFFE)
 EXTREME_HALVES = [0, 1, INT64_MAX, INT64_MAX + 1, UINT64_MAX]
+PREFIX = 4
+"""A frame's length prefix, which its length does not count."""
 
 halves = st.one_of(st.sampled_from(EXTREME_HALVES), st.integers(0, UINT64_MAX))
 ledger_ids = st.builds(LedgerId, halves, halves)
@@ -366,6 +368,19 @@ def test_a_cut_frame_stays_pending_until_complete() -> None:
         assert reader.pending_bytes == size  # end of stream here: a frame was cut short
     assert reader.feed(frame[-1:]) == [add_of()]
     assert reader.pending_bytes == 0
+
+
+def test_the_unfinished_frame_size_is_known_once_its_prefix_is_in() -> None:
+    """What a bookie charges to its receive budget: the frame begun, from its length prefix
+    on, until it is complete; then the next one's."""
+    first, second = add_of().encode(), ReadRequest(7, LEDGER, 3).encode()
+    stream = first + second
+    for cut in range(len(stream) + 1):
+        reader = RequestReader()
+        reader.feed(stream[:cut])
+        frame, began = (first, cut) if cut < len(first) else (second, cut - len(first))
+        expected = len(frame) - PREFIX if PREFIX <= began < len(frame) else 0
+        assert reader.unfinished_frame_size == expected, cut
 
 
 @settings(max_examples=60)

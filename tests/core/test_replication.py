@@ -85,6 +85,37 @@ def test_missing_entries_of_a_registered_bookie_are_filled_back() -> None:
     assert plan.unjudged == frozenset()
 
 
+def test_bad_copies_are_filled_over_and_never_read_from() -> None:
+    """A bookie whose index holds entries it cannot serve (found corrupt) gets them again
+    from a bookie with a good copy, and is no source for them."""
+    metadata = rotating_ledger(3, 3, 2, [], 20)
+    held = _held_by_schedule(metadata)
+    bad = {"b1": EntryAvailability.from_entries([2, 3]), "b2": EntryAvailability.from_entries([3])}
+    plan = plan_replication(
+        metadata, {"b1"}, set(BOOKIES), _availability(held, set(held)), bad_copies=bad
+    )
+    (segment,) = plan.segments
+    assert [(r.bookie_id, r.kind, list(r.entries)) for r in segment.repairs] == [
+        ("b1", RepairKind.FILL, [2, 3]),
+        ("b2", RepairKind.FILL, [3]),
+    ]
+    two, three = segment.entries()
+    assert (two.entry_id, two.sources) == (2, ("b2", "b0"))  # write-set order, b1 left out
+    assert (three.entry_id, three.sources, set(three.without_copy)) == (3, ("b0",), {"b1", "b2"})
+
+
+def test_bad_copies_on_every_bookie_leave_no_source() -> None:
+    metadata = rotating_ledger(3, 3, 2, [], 5)
+    held = _held_by_schedule(metadata)
+    bad = {b: EntryAvailability.from_entries([4]) for b in ("b0", "b1", "b2")}
+    plan = plan_replication(
+        metadata, {"b0"}, set(BOOKIES), _availability(held, set(held)), bad_copies=bad
+    )
+    ((sources,),) = [list(segment.entries()) for segment in plan.segments]
+    assert sources.sources == ()
+    assert set(sources.without_copy) == {"b0", "b1", "b2"}
+
+
 def test_a_bookie_not_declared_lost_is_unjudged_and_never_replaced() -> None:
     """Not registered, but the mark names another bookie: it may be restarting (the
     auditor's lost_bookie_recovery_delay); the mark must stay, nothing replaces it."""

@@ -56,6 +56,8 @@ ENDPOINTS = {
     "/api/v1/bookie/gc",
     "/api/v1/bookie/gc_details",
     "/api/v1/bookie/gc/orphans",
+    "/api/v1/bookie/scrub",
+    "/api/v1/bookie/corrupt_entries",
 }
 ENSEMBLE = ("10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181")
 _stores = itertools.count()
@@ -314,6 +316,7 @@ def test_the_openapi_document_lists_every_endpoint() -> None:
             "/api/v1/ledger/undelete": {"put"},
             "/api/v1/bookie/gc": {"put"},
             "/api/v1/bookie/gc/orphans": {"get", "delete"},
+            "/api/v1/bookie/scrub": {"get", "put"},
         }
         for path, operations in document["paths"].items():
             assert set(operations) == writable.get(path, {"get"}), path

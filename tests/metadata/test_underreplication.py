@@ -48,6 +48,28 @@ async def test_a_re_mark_merges_its_bookies_and_keeps_the_first_time(backend: Ba
             await manager.mark_under_replicated(L1, [""])
 
 
+async def test_bad_copies_merge_into_the_mark_and_survive_a_round_trip(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = UnderReplicationManager(store)
+        plain = await manager.mark_under_replicated(L1, ["b1"], now_ms=100)
+        assert plain.bad_copies == {}
+        one = await manager.mark_under_replicated(L1, ["b1"], bad_copies={"b1": [4, 5, 9]})
+        assert one.version == 1
+        assert {b: list(e) for b, e in one.bad_copies.items()} == {"b1": [4, 5, 9]}
+        both = await manager.mark_under_replicated(L1, ["b2"], bad_copies={"b1": [5, 6], "b2": [1]})
+        assert both.missing_bookies == {"b1", "b2"}
+        assert {b: list(e) for b, e in both.bad_copies.items()} == {
+            "b1": [4, 5, 6, 9],
+            "b2": [1],
+        }
+        assert await manager.under_replicated(L1) == both
+        again = await manager.mark_under_replicated(L1, ["b1"], bad_copies={"b1": [4]})
+        assert again == both  # nothing new: no write
+        with pytest.raises(BadRequest, match="non-empty str"):
+            await manager.mark_under_replicated(L1, ["b1"], bad_copies={"": [1]})
+
+
 async def test_concurrent_re_marks_from_several_sessions_lose_no_bookie(backend: Backend) -> None:
     async with backend.open() as a, backend.open() as b:
         await init_cluster(a)

@@ -154,6 +154,13 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
         ("TALLY_BOOKIE_MAJOR_COMPACTION_THRESHOLD", "1.0", "minor_compaction_threshold"),
         ("TALLY_BOOKIE_COMPACTION_RATE_BYTES", "-1", "compaction_rate_bytes .*not be negative"),
         ("TALLY_BOOKIE_DISK_USAGE_WARN_THRESHOLD", "1.5", "disk_usage_warn_threshold"),
+        (
+            "TALLY_BOOKIE_RECEIVE_BUFFER_LIMIT_BYTES",
+            "1048576",
+            "receive_buffer_limit_bytes .*at least one frame of max_frame_size",
+        ),
+        ("TALLY_BOOKIE_RECEIVE_STALL_TIMEOUT", "0", "receive_stall_timeout .*more than 0 seconds"),
+        ("TALLY_BOOKIE_JOURNAL_RETRY_INTERVAL", "0", "journal_retry_interval .*more than 0"),
     ],
 )
 def test_the_bookie_config_refuses_what_cannot_work(

@@ -1,12 +1,16 @@
 """The auditor: one elected in the cluster, it finds the ledgers that lost copies and marks
 them under-replicated for the replication workers.
 
-While elected it does two things side by side, so that a check of a big cluster (hours)
+While elected it does three things side by side, so that a check of a big cluster (hours)
 never delays the reaction to a lost bookie:
 
 - lost bookies: it watches the registered bookies and feeds `tally.core.lost_bookies`;
   when a lost bookie is due (after `lost_bookie_recovery_delay`, or at once when several
   are lost), it scans all ledger metadata and marks every ledger with a segment on it;
+- incarnations: it watches the cookies and the registrations and compares each cookie's
+  incarnation with the one it remembers in the store (`tally.core.incarnations`); a bookie
+  formatted anew under its old id lost every copy it held, registered or not, so the
+  ledgers with a segment on it are marked, then the new incarnation is remembered;
 - periodic checks, one at a time: the bookie check, the ledger check, the placement check
   and the replicas check, each when its interval has passed since its last run as kept in
   the store (so a successor keeps the cadence), or at once on an operator's audit request.
@@ -33,8 +37,9 @@ from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.ledger_check import ledger_check
 from tally.autorecovery.placement_check import placement_check
 from tally.client.context import ClientContext
-from tally.core.errors import SessionExpired, TallyError
+from tally.core.errors import KeyExists, MetadataVersionConflict, SessionExpired, TallyError
 from tally.core.ids import LedgerId
+from tally.core.incarnations import IncarnationChange, review_incarnations
 from tally.core.lost_bookies import (
     LostBookie,
     LostBookies,
@@ -44,7 +49,9 @@ from tally.core.lost_bookies import (
 )
 from tally.metadata.auditor_election import AuditorElection
 from tally.metadata.bookie_registry import AvailableBookies
+from tally.metadata.cookies import CookieManager
 from tally.metadata.deletion import sweep_deletions
+from tally.metadata.incarnations import RememberedIncarnations
 from tally.metadata.key_ops import Watcher
 from tally.metadata.paths import check_bookie_id
 from tally.metadata.underreplication import AuditorCheck
@@ -126,6 +133,8 @@ class Auditor:
         self._requested_ms: int | None = None
         self._bookies_changed = asyncio.Event()
         self._checks_changed = asyncio.Event()
+        self._incarnations_changed = asyncio.Event()
+        self._reviewing_incarnations = asyncio.Lock()
         intervals = {
             AuditorCheck.BOOKIES: config.auditor_periodic_bookie_check_interval,
             AuditorCheck.CHECK_ALL_LEDGERS: config.auditor_periodic_check_interval,
@@ -207,12 +216,17 @@ class Auditor:
         try:
             under_replication = self.context.under_replication
             watchers.append(await self.context.registry.watch_bookies(self._registered_changed))
+            cookies = CookieManager(self.context.ledgers.store)
+            watchers.append(
+                await cookies.watch_incarnations(lambda _: self._incarnations_changed.set())
+            )
             watchers.append(
                 await under_replication.watch_lost_bookie_recovery_delay(self._delay_changed)
             )
             watchers.append(await under_replication.watch_audit_requests(self._audit_requested))
             tasks = [
                 asyncio.create_task(self._lost_bookie_loop(), name="auditor-lost-bookies"),
+                asyncio.create_task(self._incarnation_loop(), name="auditor-incarnations"),
                 asyncio.create_task(self._check_loop(), name="auditor-checks"),
             ]
             await self._first(*self._lost_events(election), *tasks)
@@ -232,6 +246,9 @@ class Auditor:
     def _registered_changed(self, available: AvailableBookies) -> None:
         registered = available.writable | available.read_only
         self._report(self._lost.registered_changed(registered, self._clock()))
+        # A bookie registers after its format: look at its cookie again, should a cookie
+        # have been rewritten in place (which no watch of the cookies' names sees).
+        self._incarnations_changed.set()
 
     def _delay_changed(self, seconds: int | None) -> None:
         delay = self.config.lost_bookie_recovery_delay if seconds is None else seconds
@@ -357,6 +374,7 @@ class Auditor:
         self._report(self._lost.named_in_metadata(named, self._clock()))
         still = {bookie for bookie in wanted if self._lost.is_lost(bookie)}
         counts = await self._mark_ledgers(holders, still, "lost_bookie")
+        self._ledgers_marked.update(counts)
         for bookie in self._lost.marked(still, self._clock()):
             log.warning(
                 "lost bookie %s (lost since %s): marked %d ledgers under-replicated",
@@ -390,8 +408,7 @@ class Auditor:
     async def _mark_ledgers(
         self, holders: Mapping[LedgerId, frozenset[str]], bookies: set[str], cause: str
     ) -> dict[str, int]:
-        """Mark every ledger held by some of `bookies`, naming those; the count per bookie
-        (also kept for `status`: the last marking's)."""
+        """Mark every ledger held by some of `bookies`, naming those; the count per bookie."""
         marks = [(ledger, found & bookies) for ledger, found in holders.items() if found & bookies]
         counts = dict.fromkeys(bookies, 0)
 
@@ -405,8 +422,83 @@ class Auditor:
                 counts[bookie] += 1
 
         await for_each(marks, self.config.auditor_max_concurrent_metadata_reads, mark)
-        self._ledgers_marked.update(counts)
         return counts
+
+    # -- incarnations --------------------------------------------------------------------------
+
+    async def _incarnation_loop(self) -> None:
+        """Review the incarnations at once, then at every change of the cookies or the
+        registrations (and after a failure, once RETRY_DELAY has passed)."""
+        retry_at: float | None = None
+        while True:
+            self._incarnations_changed.clear()
+            if retry_at is None or self._clock() >= retry_at:
+                try:
+                    await self._review_incarnations()
+                    retry_at = None
+                except TallyError as error:
+                    retry_at = self._clock() + RETRY_DELAY
+                    log.error(
+                        "could not compare the bookies' incarnations with the remembered "
+                        "ones: %s; again at %s",
+                        error,
+                        _when(retry_at),
+                    )
+            await self._wait(self._incarnations_changed, retry_at)
+
+    async def _review_incarnations(self) -> None:
+        """Mark the ledgers of every bookie whose cookie's incarnation is not the remembered
+        one, then remember it; remember the bookies seen for the first time."""
+        async with self._reviewing_incarnations:
+            store = self.context.ledgers.store
+            memory = RememberedIncarnations(store)
+            remembered = await memory.all()
+            current = await CookieManager(store).incarnations()
+            review = review_incarnations(
+                {bookie: r.incarnation_id for bookie, r in remembered.items()}, current
+            )
+            if not review:
+                return
+            counts: dict[str, int] = {}
+            if review.changed:
+                changed = {change.bookie_id for change in review.changed}
+                _, holders = await self._scan(changed.__contains__)
+                counts = await self._mark_ledgers(holders, changed, "incarnation_changed")
+            for change in review.first_seen:
+                if await self._remember(memory, change, None):
+                    log.info(
+                        "bookie %s: incarnation %s remembered (first seen by the auditor)",
+                        change.bookie_id,
+                        change.current,
+                    )
+            for change in review.changed:
+                if await self._remember(memory, change, remembered[change.bookie_id].version):
+                    metrics.INCARNATIONS_CHANGED.inc()
+                    log.warning(
+                        "bookie %s is a new incarnation %s (was %s): it was formatted anew "
+                        "under the same id, so every copy it held is gone; marked its %d "
+                        "ledgers under-replicated",
+                        change.bookie_id,
+                        change.current,
+                        change.remembered or "unknown: its record does not decode",
+                        counts[change.bookie_id],
+                    )
+
+    async def _remember(
+        self, memory: RememberedIncarnations, change: IncarnationChange, version: int | None
+    ) -> bool:
+        """Remember the bookie's current incarnation; False (and another review to come)
+        if its record changed since it was read."""
+        try:
+            await memory.remember(
+                change.bookie_id, change.current, expected_version=version, now_ms=self._now_ms()
+            )
+        except (KeyExists, MetadataVersionConflict):
+            # Another auditor (one whose session is ending) wrote it meanwhile: look again
+            # rather than overwrite what it saw.
+            self._incarnations_changed.set()
+            return False
+        return True
 
     # -- periodic checks -----------------------------------------------------------------------
 
@@ -537,7 +629,9 @@ class Auditor:
     async def _bookie_check(self) -> int:
         """Every bookie that metadata names against the registered ones; marks the ledgers
         of the lost bookies past their deadline (again, for those marked already: a mark
-        lost or removed too early comes back). The number of lost bookies."""
+        lost or removed too early comes back). Reviews the incarnations too, should a watch
+        have missed a change. The number of lost bookies."""
+        await self._review_incarnations()
         registered = self._lost.registered
         named, holders = await self._scan(lambda bookie: bookie not in registered)
         now = self._clock()
@@ -549,6 +643,7 @@ class Auditor:
             if bookie.bookie_id not in registered
         }
         counts = await self._mark_ledgers(holders, overdue, "bookie_check")
+        self._ledgers_marked.update(counts)
         self._lost.marked(overdue, self._clock())
         for bookie in sorted(self._lost.lost.values(), key=lambda b: b.bookie_id):
             holding = sum(bookie.bookie_id in found for found in holders.values())

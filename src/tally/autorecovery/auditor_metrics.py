@@ -21,9 +21,14 @@ LOST_BOOKIES = Gauge(
 )
 UNDER_REPLICATED_LEDGERS_MARKED = Counter(
     "auditor_num_under_replicated_ledgers_marked",
-    "Ledgers marked under-replicated, by cause (lost_bookie, bookie_check, "
-    "check_all_ledgers, placement_policy_check)",
+    "Ledgers marked under-replicated, by cause (lost_bookie, incarnation_changed, "
+    "bookie_check, check_all_ledgers, placement_policy_check)",
     ["cause"],
+)
+INCARNATIONS_CHANGED = Counter(
+    "auditor_bookie_incarnations_changed",
+    "Bookies found formatted anew under an id the auditor knew (a new incarnation in the "
+    "cookie): their ledgers were marked under-replicated",
 )
 BOOKIE_CHECK_TIME = Histogram(
     "auditor_bookie_check_time_seconds",

@@ -1,6 +1,9 @@
 """The auditor's ledger check (BookKeeper's checkAllLedgers): read entries of every bounded
 segment from each registered bookie of their write sets, and mark the ledgers some bookie
-cannot give an entry of, naming that bookie.
+cannot give an entry of, naming that bookie. A bookie that answers with a bad copy (its
+own check finds the entry corrupt, or it answers another entry) is read on, and every bad
+copy found is put in the mark (`bad_copies`), so that the worker writes verified copies
+over them (issue 17): the index says those entries are there, so nothing else would.
 
 The first and last entry of a segment are read, or `auditor_ledger_verification_percentage`
 of them. Bookies that are not registered are left to the lost-bookie handling, so that
@@ -22,7 +25,7 @@ from tally.autorecovery.bounded import for_each
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
 from tally.core.entry_format import peek_header
-from tally.core.errors import NoSuchLedger, TallyError
+from tally.core.errors import EntryUnreadable, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerState
 from tally.core.schedule import entries_to_verify
@@ -37,6 +40,8 @@ class _ReadFailure:
     segment_first: int
     entry_id: int
     error: str
+    bad_copy: bool
+    """The bookie answered, with a copy that is corrupt or of another entry."""
 
 
 async def ledger_check(
@@ -81,7 +86,7 @@ class _LedgerCheck:
 
     async def _verify(self, record: LedgerRecord) -> None:
         """Check one ledger; confirm failures on its current metadata before marking."""
-        failures = await self._read_segments(record)
+        failures, bad_copies = await self._read_segments(record)
         if not failures:
             return
         try:
@@ -91,7 +96,7 @@ class _LedgerCheck:
         if current.metadata.state is LedgerState.DELETED:
             return  # deleted meanwhile: its data is kept for an undelete, not judged
         if current.version != record.version:
-            failures = await self._read_segments(current)
+            failures, bad_copies = await self._read_segments(current)
             if not failures:
                 return
         name = record.ledger_id.qualified_name
@@ -105,16 +110,28 @@ class _LedgerCheck:
                 failure.entry_id,
                 failure.error,
             )
+        for bookie, entries in sorted(bad_copies.items()):
+            log.warning(
+                "ledger check: ledger %s: bookie %s holds bad copies of %d entries %s",
+                name,
+                bookie,
+                len(entries),
+                sorted(entries)[:20],
+            )
         await self.context.under_replication.mark_under_replicated(
-            record.ledger_id, failures, now_ms=self.now_ms()
+            record.ledger_id, failures, bad_copies=bad_copies, now_ms=self.now_ms()
         )
         metrics.UNDER_REPLICATED_LEDGERS_MARKED.labels(AuditorCheck.CHECK_ALL_LEDGERS.value).inc()
         self.marked += 1
 
-    async def _read_segments(self, record: LedgerRecord) -> dict[str, _ReadFailure]:
-        """The first failure of each bookie that could not give an entry it should hold."""
+    async def _read_segments(
+        self, record: LedgerRecord
+    ) -> tuple[dict[str, _ReadFailure], dict[str, set[int]]]:
+        """The first failure of each bookie that could not give an entry it should hold,
+        and the entries each bookie answered with a bad copy."""
         metadata = record.metadata
         failures: dict[str, _ReadFailure] = {}
+        bad_copies: dict[str, set[int]] = {}
         percentage = self.config.auditor_ledger_verification_percentage
 
         def reads() -> Iterable[tuple[int, int, str]]:
@@ -128,20 +145,26 @@ class _LedgerCheck:
 
         async def read(item: tuple[int, int, str]) -> None:
             first, entry_id, bookie = item
-            if bookie in failures:
-                return  # one failure is enough to name the bookie
+            if bookie in failures and bookie not in bad_copies:
+                return  # one failure is enough to name the bookie; bad copies are listed
             async with self.requests:
-                error = await self._read_entry(record.ledger_id, bookie, entry_id)
-            if error is not None and bookie not in failures:
-                failures[bookie] = _ReadFailure(first, entry_id, error)
-                metrics.BOOKIE_REQUEST_FAILURES.labels(error.split(":", 1)[0]).inc()
+                failure = await self._read_entry(record.ledger_id, bookie, first, entry_id)
+            if failure is None:
+                return
+            if failure.bad_copy:
+                bad_copies.setdefault(bookie, set()).add(entry_id)
+            if bookie not in failures:
+                failures[bookie] = failure
+                metrics.BOOKIE_REQUEST_FAILURES.labels(failure.error.split(":", 1)[0]).inc()
 
         plan = reads()
         limit = self.config.auditor_max_concurrent_bookie_requests
         await for_each(plan if percentage else list(plan), limit, read)
-        return failures
+        return failures, bad_copies
 
-    async def _read_entry(self, ledger_id: LedgerId, bookie: str, entry_id: int) -> str | None:
+    async def _read_entry(
+        self, ledger_id: LedgerId, bookie: str, segment_first: int, entry_id: int
+    ) -> _ReadFailure | None:
         """None when the bookie gives the entry; else why not (error name first)."""
         timeout = self.context.config.read_timeout
         try:
@@ -150,12 +173,15 @@ class _LedgerCheck:
                 raw = await connection.read(ledger_id, entry_id)
             header = peek_header(raw)
         except TimeoutError:
-            return f"Timeout: no answer within {timeout:g}s"
+            why = f"Timeout: no answer within {timeout:g}s"
+            return _ReadFailure(segment_first, entry_id, why, bad_copy=False)
         except TallyError as error:
-            return f"{type(error).__name__}: {error}"
+            why = f"{type(error).__name__}: {error}"
+            return _ReadFailure(segment_first, entry_id, why, isinstance(error, EntryUnreadable))
         if header.ledger_id != ledger_id or header.entry_id != entry_id:
-            return (
+            why = (
                 f"MisplacedEntry: answered ledger {header.ledger_id.qualified_name} entry "
                 f"{header.entry_id}"
             )
+            return _ReadFailure(segment_first, entry_id, why, bad_copy=True)
         return None

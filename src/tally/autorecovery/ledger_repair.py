@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +20,11 @@ from tally.client.context import ClientContext
 from tally.client.reader import EntryFetcher, FetchedEntry
 from tally.client.recovery import recover
 from tally.core.answers import Copy
+from tally.core.availability import EntryAvailability
 from tally.core.digest import LedgerKeys
 from tally.core.errors import (
+    BadDigest,
+    EntryUnreadable,
     MetadataVersionConflict,
     NoSuchLedger,
     TallyError,
@@ -118,6 +122,8 @@ class LedgerRepair:
         self.ledger_id = lock.ledger_id
         self.name = lock.ledger_id.qualified_name
         self.copied = 0
+        self.written_over: dict[str, set[int]] = defaultdict(set)
+        """Bad copies (the mark's) this turn has written a verified copy over, per bookie."""
 
     async def run(self) -> Turn:
         try:
@@ -194,8 +200,12 @@ class LedgerRepair:
         availability = {
             bookie: found for bookie, found in zip(asked, answers, strict=True) if found is not None
         }
+        bad_copies = {
+            bookie: entries.difference(EntryAvailability.from_entries(self.written_over[bookie]))
+            for bookie, entries in self.lock.mark.bad_copies.items()
+        }
         return plan_replication(
-            record.metadata, self.lock.mark.missing_bookies, registered, availability
+            record.metadata, self.lock.mark.missing_bookies, registered, availability, bad_copies
         )
 
     async def _recover(self, record: LedgerRecord, plan: ReplicationPlan) -> LedgerRecord:
@@ -303,6 +313,7 @@ class LedgerRepair:
         answers.update(dict.fromkeys(sources.unknown, "absent, not declared lost"))
         fetched: FetchedEntry | None = None
         unknown = bool(sources.unknown)
+        bad_sources: list[str] = []
         for bookie in sources.sources:
             try:
                 fetched = await self.fetcher.read_from(metadata, bookie, entry_id)
@@ -310,6 +321,8 @@ class LedgerRepair:
             except (TallyError, TimeoutError) as error:
                 answers[bookie] = type(error).__name__
                 unknown |= Copy.of(error) is Copy.UNKNOWN
+                if isinstance(error, EntryUnreadable | BadDigest):
+                    bad_sources.append(bookie)
         if fetched is None:
             metrics.ENTRIES_UNABLE_TO_READ.inc()
             described = ", ".join(f"{bookie} {answer}" for bookie, answer in answers.items())
@@ -328,10 +341,25 @@ class LedgerRepair:
         written = await asyncio.gather(
             *(self._write(bookie, raw, entry_id) for _, bookie in targets)
         )
-        for (repair, _), ok in zip(targets, written, strict=True):
+        for (repair, bookie), ok in zip(targets, written, strict=True):
             if not ok:
                 tally.failed_entries += 1
                 tally.failed_positions.add(repair.position)
+            elif bookie == repair.bookie_id:
+                self.written_over[bookie].add(entry_id)
+                if entry_id in self.lock.mark.bad_copies.get(bookie, ()):
+                    metrics.BAD_COPIES_REPAIRED.inc()
+        for bookie in bad_sources:  # found bad on the way: repaired with the same copy
+            if await self._write(bookie, raw, entry_id):
+                metrics.BAD_COPIES_REPAIRED.inc()
+                self.written_over[bookie].add(entry_id)
+                log.warning(
+                    "ledger %s entry %d: the bad copy on bookie %s was written over with a "
+                    "verified one",
+                    self.name,
+                    entry_id,
+                    bookie,
+                )
         if any(written):
             tally.copied += 1
             self.copied += 1

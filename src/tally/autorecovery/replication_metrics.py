@@ -27,6 +27,10 @@ ENTRIES_WRITTEN = Counter(
     "replication_worker_num_entries_written",
     "Entry copies written to a bookie (an entry with two targets counts twice)",
 )
+BAD_COPIES_REPAIRED = Counter(
+    "replication_worker_num_bad_copies_repaired",
+    "Bad copies (corrupt or unreadable on their bookie) written over with a verified copy",
+)
 BYTES_READ = Counter(
     "replication_worker_num_bytes_read", "Entry bytes read from bookies to be copied"
 )

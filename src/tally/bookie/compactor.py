@@ -30,10 +30,15 @@ A SIGKILL at any moment leaves every live entry where the index points: at the o
 until the batch that moves it, at a durable copy after. A read that looked the location up
 before a move and finds the file gone looks it up again (ledger_storage.py).
 
-A scan that stops at a damaged record leaves the file where any entry the index still
-points to lies in it (its reads are EntryUnreadable, as before). Runs are bounded in time
-(the rest is done by the next runs: the compaction stays due until one finishes) and in
-rate (`compaction_rate_bytes`, a token bucket).
+A scan that stops at a damaged record (an entry log's records cannot be told apart past
+it) is followed by a copy of what the index still points to in the file, each entry read
+where it points and checked as a read checks it; a copy that fails is reported corrupt
+(ledger storage marks it) and stays, with the file, until a good copy is written over it.
+Compaction never copies a record that fails its check. A file whose damage is garbage (a
+rotten copy replaced since) is thus compacted away like any other.
+
+Runs are bounded in time (the rest is done by the next runs: the compaction stays due until
+one finishes) and in rate (`compaction_rate_bytes`, a token bucket).
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ from tally.core.compaction import (
     FileUsage,
     plan_gc,
 )
-from tally.core.errors import EntryUnreadable, IllegalOperation, MalformedData
+from tally.core.errors import EntryCorrupt, EntryUnreadable, IllegalOperation, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.replication import TokenBucket
 
@@ -240,6 +245,7 @@ class Compactor:
         maintenance: threading.Lock,
         kept_files: Callable[[], frozenset[int]],
         drop_kept_files: Callable[[frozenset[int]], None],
+        found_corrupt: Callable[[LedgerId, int, Location | JournalLocation, str], None],
         settings: GcSettings,
         *,
         disk_space: Callable[[], DiskSpace],
@@ -247,13 +253,16 @@ class Compactor:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`drop_kept_files(ids)`: take the files out of the kept set, in the index (a
-        batch, not synced) and in memory; called holding `maintenance`."""
+        batch, not synced) and in memory; called holding `maintenance`.
+        `found_corrupt(ledger, entry, location, problem)`: a live entry's copy at `location`
+        failed its check (ledger storage marks it)."""
         self._index = index
         self._log = entry_log
         self._journal = journal
         self._maintenance = maintenance
         self._kept_files = kept_files
         self._drop_kept_files = drop_kept_files
+        self._found_corrupt = found_corrupt
         self.settings = settings
         self._disk_space = disk_space
         self._clock = clock
@@ -480,7 +489,7 @@ class Compactor:
         counts: dict[LedgerId, int] = defaultdict(int)
         try:
             complete = True
-            for record in _yielding(self._records(file)):
+            for record in yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) == record.origin:
                     counts[record.ledger_id] += usage_of(record.origin)[2]
         except (EntryUnreadable, MalformedData, OSError) as error:
@@ -631,7 +640,7 @@ class Compactor:
         moved_before = done.moved_bytes
         problem = None
         try:
-            for record in _yielding(self._records(file)):
+            for record in yielding(self._records(file)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue
                 chunk.append(record)
@@ -651,6 +660,8 @@ class Compactor:
         except (EntryUnreadable, MalformedData, OSError) as error:
             problem = str(error)
         self._move(chunk, done)
+        if problem is not None:
+            self._move_rest(file, ledgers, done)
         if problem is not None and self._points_into(file, ledgers):
             done.failures.append(
                 f"{path} kept: it cannot be read through ({problem}), and the index still "
@@ -690,12 +701,12 @@ class Compactor:
             self._check_running()
             copies = [
                 self._log.append(record.ledger_id, record.entry_id, record.crc32c, record.data)
-                for record in _yielding(records)
+                for record in yielding(records)
             ]
             self._log.flush()
             batch = self._index.batch()
             deltas: dict[UsageKey, int] = defaultdict(int)
-            for record, copy in _yielding(zip(records, copies, strict=True)):
+            for record, copy in yielding(zip(records, copies, strict=True)):
                 if self._index.location(record.ledger_id, record.entry_id) != record.origin:
                     continue  # re-added or deleted meanwhile: the copy is garbage
                 batch.put_location(record.ledger_id, record.entry_id, copy)
@@ -706,6 +717,39 @@ class Compactor:
                 done.moved_bytes += len(record.data)
             self._index.add_usage(batch, deltas)
             self._index.write(batch)
+
+    def _move_rest(self, file: FileKey, ledgers: dict[LedgerId, int], done: _Run) -> None:
+        """Copy what the index still points to in a file whose scan stopped at damage (a
+        rotten record, which may be garbage since a good copy was written over it): each
+        entry read where the index points and checked, as a read does. A copy that fails
+        stays where it is, with the file, and is reported corrupt."""
+        chunk: list[_Record] = []
+        size = 0
+        for ledger_id in ledgers:
+            for entry_id, location in yielding(self._index.ledger_locations(ledger_id)):
+                if usage_of(location)[:2] != file:
+                    continue
+                try:
+                    crc, data = self._read(location, ledger_id, entry_id)
+                except EntryCorrupt as error:
+                    self._found_corrupt(ledger_id, entry_id, location, str(error))
+                    continue
+                except EntryUnreadable:
+                    continue
+                chunk.append(_Record(ledger_id, entry_id, crc, data, location))
+                size += len(data)
+                if size >= CHUNK_BYTES or len(chunk) >= CHUNK_RECORDS:
+                    self._move(chunk, done)
+                    chunk, size = [], 0
+        self._move(chunk, done)
+
+    def _read(
+        self, location: Location | JournalLocation, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, bytes]:
+        if isinstance(location, JournalLocation):
+            assert self._journal is not None, "kept journal files are read through it"
+            return self._journal.read(location, ledger_id, entry_id)
+        return self._log.read(location, ledger_id, entry_id)
 
     def _points_into(self, file: FileKey, ledgers: dict[LedgerId, int]) -> bool:
         """Whether the index points to an entry in `file` (its ledgers as counted)."""
@@ -736,15 +780,15 @@ class Compactor:
             stats.last_files = report.files
 
 
-def _yielding(items: Iterable[T]) -> Iterator[T]:
-    """`items`, letting go of the GIL after each YIELD_AFTER seconds of work on them. The
+def yielding(items: Iterable[T], after: float = YIELD_AFTER) -> Iterator[T]:
+    """`items`, letting go of the GIL after each `after` seconds of work on them. The
     event loop's thread and the journal's threads otherwise wait for it up to the
-    interpreter's switch interval (5 ms) at each of an add's hand-overs while compaction
-    runs Python loops; letting go after every few records costs the compaction a third of
-    its speed on a busy machine, where each `sleep(0)` gives the CPU away."""
+    interpreter's switch interval (5 ms) at each of an add's hand-overs while compaction (or
+    the scrubber) runs Python loops; letting go after every few records costs the compaction
+    a third of its speed on a busy machine, where each `sleep(0)` gives the CPU away."""
     last = time.perf_counter()
     for count, item in enumerate(items, 1):
-        if count % 16 == 0 and time.perf_counter() - last >= YIELD_AFTER:
+        if count % 16 == 0 and time.perf_counter() - last >= after:
             time.sleep(0)
             last = time.perf_counter()
         yield item

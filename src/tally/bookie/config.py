@@ -20,8 +20,13 @@ from tally.config import check
 from tally.core import protocol
 from tally.core.addresses import split_host_port
 from tally.core.compaction import CompactionPolicy
-from tally.core.disk_usage import DEFAULT_LOW_WATER_MARK, DEFAULT_USAGE_THRESHOLD
+from tally.core.disk_usage import (
+    DEFAULT_JOURNAL_RETRY_INTERVAL,
+    DEFAULT_LOW_WATER_MARK,
+    DEFAULT_USAGE_THRESHOLD,
+)
 from tally.core.errors import BadRequest, BadSetting
+from tally.core.scrub import ScrubPolicy
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
 
@@ -79,6 +84,10 @@ class BookieConfig:
     """... and below which it turns writable again."""
     disk_check_interval: float = 10.0
     """Seconds between two looks at the disks' usage."""
+    journal_retry_interval: float = DEFAULT_JOURNAL_RETRY_INTERVAL
+    """Seconds between two attempts at a new journal file while the journal cannot write (out
+    of room, or its disk failing; the bookie is read-only meanwhile); tried at the disk
+    checks."""
     disk_usage_warn_threshold: float = 0.90
     """Fraction of the ledger disk used from which major compaction stops
     (diskUsageWarnThreshold; disk_usage_threshold if that is lower); minor compaction stops
@@ -100,6 +109,14 @@ class BookieConfig:
     compaction_rate_bytes: int = 0
     """Bytes per second that compaction copies at most (compactionRateByBytes); 0: no
     limit (it takes the storage's lock a bounded chunk at a time either way)."""
+    scrub_interval: float = 604800.0
+    """Seconds from the end of one scrub pass (every stored entry read back and checked
+    against its CRC32C and the index) to the start of the next (localScrubPeriod); 0: scrub
+    only when asked (`tally shell scrub --now`)."""
+    scrub_rate_bytes: int = 0
+    """Bytes per second a scheduled scrub pass reads at most (localScrubRateLimit); 0: the
+    ledger disk's size over scrub_interval, so that a pass over a full disk takes about one
+    interval (at least 64 KiB/s). A pass asked for runs at full speed."""
     limbo_check_interval: float = 30.0
     """Seconds between two looks at the ledgers in limbo (after a damaged journal): whether
     they are closed and whole again, or still need marking for repair."""
@@ -110,6 +127,12 @@ class BookieConfig:
     """Seconds between two looks for over-replicated ledgers and orphans
     (gcOverreplicatedLedgerWaitTime): every ledger held here is looked up in the store."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
+    receive_buffer_limit_bytes: int = 64 * 1024**2
+    """Bytes that frames begun and not yet complete may hold, over all connections (at
+    least max_frame_size). A connection whose frame needs more waits, unread, for its turn."""
+    receive_stall_timeout: float = 30.0
+    """Seconds a connection in the middle of a frame may send nothing before it is closed
+    (time spent waiting for receive_buffer_limit_bytes does not count)."""
     tls_cert: Path | None = None
     """PEM certificate chain; with tls_key, the bookie speaks TLS only."""
     tls_key: Path | None = None
@@ -125,8 +148,10 @@ class BookieConfig:
             "session_timeout",
             "flush_interval",
             "disk_check_interval",
+            "journal_retry_interval",
             "gc_wait_time",
             "gc_overreplicated_ledger_wait_time",
+            "receive_stall_timeout",
         ):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")
         check(self.journal_max_batch_delay >= 0, "journal_max_batch_delay", "must not be negative")
@@ -143,6 +168,11 @@ class BookieConfig:
             "max_frame_size",
         ):
             check(getattr(self, name) > 0, name, "must be more than 0 bytes")
+        check(
+            self.receive_buffer_limit_bytes >= self.max_frame_size,
+            "receive_buffer_limit_bytes",
+            f"must hold at least one frame of max_frame_size ({self.max_frame_size} bytes)",
+        )
         check(
             0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1,
             "disk_usage_lwm_threshold",
@@ -164,6 +194,8 @@ class BookieConfig:
             "minor_compaction_max_time",
             "major_compaction_max_time",
             "compaction_rate_bytes",
+            "scrub_interval",
+            "scrub_rate_bytes",
         ):
             check(getattr(self, name) >= 0, name, "must not be negative")
         if self.metrics_port is not None:
@@ -206,6 +238,10 @@ class BookieConfig:
             minor_max_time=self.minor_compaction_max_time,
             major_max_time=self.major_compaction_max_time,
         )
+
+    @property
+    def scrub_policy(self) -> ScrubPolicy:
+        return ScrubPolicy(interval=self.scrub_interval, rate_bytes=self.scrub_rate_bytes)
 
     @property
     def journal_directory(self) -> Path:

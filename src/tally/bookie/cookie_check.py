@@ -10,6 +10,7 @@ acknowledged, which is how ledgers get truncated.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Collection, Sequence
@@ -54,9 +55,19 @@ async def verify_or_format(
                 "directories."
             )
         cookie = Cookie.new(bookie_id, names, instance_id)
-        await cookies.put(cookie, expected_version=None)
-        for directory in directories:
-            _write(directory, cookie)
+        version = await cookies.put(cookie, expected_version=None)
+        try:
+            for directory in directories:
+                _write(directory, cookie)
+        except OSError:
+            # Nothing was ever written here: undo the format, or every later start (once the
+            # disk has room, say) would take the bookie for one whose disks were wiped.
+            for directory in directories:
+                with contextlib.suppress(OSError):
+                    (directory / COOKIE_FILE).unlink(missing_ok=True)
+                    (directory / f"{COOKIE_FILE}.tmp").unlink(missing_ok=True)
+            await cookies.delete(bookie_id, expected_version=version)
+            raise
         log.info(
             "bookie %s formatted: incarnation %s, directories %s",
             bookie_id,

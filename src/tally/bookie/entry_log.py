@@ -16,9 +16,10 @@ big-endian): magic `TALLYELG`, uint32 format version, uint32 log id, uint32 CRC3
 The CRC32C is the one the client computed and sent with the ADD (end-to-end checksum), so
 bit rot is found by reading the log alone, without the ledger's password. A read is given
 the location the index holds and the ledger and entry it expects; it checks every header
-field against them and the bytes against the CRC. Any disagreement, short read or I/O error
-is `EntryUnreadable` naming the file, the offset, the ledger and the entry: the index says
-the entry exists, so "no such entry" would be a lie that lets recovery truncate a ledger.
+field against them and the bytes against the CRC. Any disagreement or short read is
+`EntryCorrupt` (the record is there, but bad), an I/O error `EntryUnreadable` (its parent),
+each naming the file, the offset, the ledger and the entry: the index says the entry exists,
+so "no such entry" would be a lie that lets recovery truncate a ledger.
 
 Writes are buffered: `append` only adds to a buffer in memory (no system call per entry),
 `flush` writes it and fdatasyncs. The writes skip the page cache (O_DIRECT, direct_io.py,
@@ -52,7 +53,13 @@ from tally.bookie.direct_io import ALIGNMENT, DirectAppender, enable_direct
 from tally.bookie.page_cache import drop_written
 from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
-from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
+from tally.core.errors import (
+    BadRequest,
+    EntryCorrupt,
+    EntryUnreadable,
+    IllegalOperation,
+    WriteFailed,
+)
 from tally.core.ids import LedgerId
 from tally.core.protocol import EntryBytes
 
@@ -61,8 +68,8 @@ FORMAT_VERSION = 1
 _FILE_HEADER_FIELDS = struct.Struct(">8sII")
 _U32 = struct.Struct(">I")
 FILE_HEADER_SIZE = _FILE_HEADER_FIELDS.size + _U32.size
-_RECORD_HEADER = struct.Struct(">IIQQq")
-RECORD_HEADER_SIZE = _RECORD_HEADER.size
+RECORD_HEADER = struct.Struct(">IIQQq")
+RECORD_HEADER_SIZE = RECORD_HEADER.size
 
 DEFAULT_LOG_SIZE_LIMIT = 1 << 30
 """BookKeeper's logSizeLimit (1 GiB): the log rolls before a record would take it past this."""
@@ -187,7 +194,7 @@ class EntryLog:
             self._end + size > self.size_limit and self._end > FILE_HEADER_SIZE
         ):
             self._roll()
-        header = _RECORD_HEADER.pack(len(data), crc, ledger_id.scope, ledger_id.id, entry_id)
+        header = RECORD_HEADER.pack(len(data), crc, ledger_id.scope, ledger_id.id, entry_id)
         current = self._current
         assert current is not None
         with self._lock:
@@ -309,7 +316,10 @@ class EntryLog:
     # -- reading (any thread) ---------------------------------------------------------
 
     def read(self, location: Location, ledger_id: LedgerId, entry_id: int) -> tuple[int, bytes]:
-        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact."""
+        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact.
+
+        EntryCorrupt if the record there fails its check (`check`), EntryUnreadable if it
+        cannot be read."""
         log_id, offset, size = location
         if not 0 <= log_id <= MAX_LOG_ID or offset < FILE_HEADER_SIZE or size < RECORD_HEADER_SIZE:
             raise EntryUnreadable(
@@ -319,31 +329,72 @@ class EntryLog:
             raw = self._from_buffer(location)
         if raw is None:
             raw = self._pread(location, ledger_id, entry_id)
+        crc, data = self.check(raw, location, ledger_id, entry_id)
+        return crc, bytes(data)  # (bytes already: raw is)
+
+    def check(
+        self, raw: bytes | memoryview, location: Location, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, bytes | memoryview]:
+        """The (CRC32C, bytes) of the record `raw` read at `location`, if it is the whole
+        record of that entry (its header names the ledger, the entry and the size that the
+        location says) and its bytes match their CRC32C; EntryCorrupt saying what is wrong
+        otherwise."""
+        size = location.size
         if len(raw) < size:
-            raise EntryUnreadable(
+            raise EntryCorrupt(
                 f"{self._where(location, ledger_id, entry_id)}: short read, "
                 f"{len(raw)} of {size} bytes"
             )
-        length, crc, scope, ledger, entry = _RECORD_HEADER.unpack_from(raw)
+        length, crc, scope, ledger, entry = RECORD_HEADER.unpack_from(raw)
         if (
             length != size - RECORD_HEADER_SIZE
             or entry != entry_id
             or ledger != ledger_id.id
             or scope != ledger_id.scope
         ):
-            raise EntryUnreadable(
+            raise EntryCorrupt(
                 f"{self._where(location, ledger_id, entry_id)}: the record header says "
                 f"{length} bytes of entry {entry} of ledger {LedgerId(scope, ledger)}, "
                 f"expected {size - RECORD_HEADER_SIZE} bytes"
             )
-        data = raw[RECORD_HEADER_SIZE:]
+        data = raw[RECORD_HEADER_SIZE:size]
         actual = crc32c(data)
         if actual != crc:
-            raise EntryUnreadable(
+            raise EntryCorrupt(
                 f"{self._where(location, ledger_id, entry_id)}: CRC32C of the {length} bytes "
                 f"is 0x{actual:08x}, stored 0x{crc:08x}: the bytes are corrupt"
             )
         return crc, data
+
+    def readable_end(self, log_id: int) -> int | None:
+        """Where the bytes a reader may read of log `log_id` end (None: no such log): its
+        size, or what is flushed of the log being written."""
+        with self._lock:
+            if log_id == self._current:
+                return self._written
+        try:
+            return os.stat(self.directory / log_file_name(log_id)).st_size
+        except FileNotFoundError:
+            return None
+
+    def read_span(self, log_id: int, offset: int, size: int, *, ahead: int = 0) -> bytes | None:
+        """`size` bytes of log `log_id` from `offset`, read past the page cache (what it
+        held of them is dropped): for the scrubber, which reads every record once, and has
+        the kernel read the `ahead` bytes after them meanwhile. None if part of them is
+        still in the write buffer; EntryUnreadable if they cannot be read (a short read
+        returns fewer bytes)."""
+        with self._lock:
+            if log_id == self._current and offset + size > self._written:
+                return None
+        path = self.directory / log_file_name(log_id)
+        try:
+            return self._handles.pread(log_id, size, offset, drop=True)
+        except EntryUnreadable as error:
+            raise EntryUnreadable(f"entry log {path}: {error}") from error
+        except OSError as error:
+            raise EntryUnreadable(
+                f"entry log {path}: read of {size} bytes at offset {offset} failed: {error}"
+            ) from error
 
     def _where(self, location: Location, ledger_id: LedgerId, entry_id: int) -> str:
         path = self.directory / log_file_name(location.log_id)
@@ -411,7 +462,7 @@ class EntryLog:
                         raise EntryUnreadable(f"{where} is zeroed")
                     if len(header) < RECORD_HEADER_SIZE:
                         raise EntryUnreadable(f"{where} is cut inside its header")
-                    length, crc, scope, ledger, entry = _RECORD_HEADER.unpack(header)
+                    length, crc, scope, ledger, entry = RECORD_HEADER.unpack(header)
                     data = file.read(length)
                     if len(data) < length:
                         raise EntryUnreadable(f"{where} is cut: {len(data)} of {length} bytes")

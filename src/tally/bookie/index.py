@@ -11,6 +11,11 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                scope u64, ledger u64)                    that entry log (kind 1) or journal
                                                          file (2) that the index points to
                                                          (an over-estimate; compactor.py)
+    corrupt   (scope u64, ledger u64, entry id u64)  ->  when its copy was found corrupt (f64
+                                                         seconds), by whom (u8: 1 scrubber,
+                                                         2 read, 3 compaction), and the
+                                                         location found corrupt, as `default`
+                                                         packs it (CorruptMark)
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
@@ -20,6 +25,11 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                                                          written before `usage` was kept
               b"compaction_times"                    ->  when the last minor and major
                                                          compactions finished, f64 seconds
+              b"scrub_passes"                        ->  the last complete scrub passes
+                                                         (ScrubPass each, oldest first)
+              b"scrub_progress"                      ->  the pass under way, the file it
+                                                         reached and where, the last files
+                                                         it reads (scrubber.py)
 
 Everything a checkpoint changes goes into one WriteBatch, so the locations, the ledger
 states and the journal mark become visible, and survive a crash, together. Batches are
@@ -33,6 +43,8 @@ never be taken for an index without the entry), a failed write is `WriteFailed`.
 
 from __future__ import annotations
 
+import enum
+import math
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -56,6 +68,7 @@ from tally.core.errors import (
     WriteFailed,
 )
 from tally.core.ids import LedgerId
+from tally.core.scrub import ScrubPass, ScrubTrigger
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -69,6 +82,13 @@ _USAGE_FILE = struct.Struct(">BQ")
 _USAGE = struct.Struct(">Q")
 _UNACCOUNTED = struct.Struct(">QQ")
 _TIMES = struct.Struct(">dd")
+_MARK = struct.Struct(">dB")
+_SCRUB_PASS = struct.Struct(">ddBQQQQ")
+_SCRUB_CURSOR = struct.Struct(">BQqQQ")
+"""Kind and id of the file reached (0: none yet), where in it, and the last entry log and
+journal file, each plus one (0: none)."""
+_TRIGGERS = {ScrubTrigger.SCHEDULE: 1, ScrubTrigger.OPERATOR: 2}
+_TRIGGERS_BY_CODE = {code: trigger for trigger, code in _TRIGGERS.items()}
 _FILE_KINDS = {FileKind.ENTRY_LOG: 1, FileKind.JOURNAL: 2}
 _KINDS_BY_CODE = {code: kind for kind, code in _FILE_KINDS.items()}
 _STATE = struct.Struct(">BB32sqqqQQ")
@@ -78,12 +98,15 @@ _HAS_MASTER_KEY = 0x02
 _LEDGERS = "ledgers"
 _META = "meta"
 _USAGE_FAMILY = "usage"
-_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY)
+_CORRUPT = "corrupt"
+_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY, _CORRUPT)
 _JOURNAL_MARK = b"journal_mark"
 _KEPT_JOURNAL_FILES = b"kept_journal_files"
 _LIMBO_LEDGERS = b"limbo_ledgers"
 _UNACCOUNTED_FILES = b"unaccounted_files"
 _COMPACTION_TIMES = b"compaction_times"
+_SCRUB_PASSES = b"scrub_passes"
+_SCRUB_PROGRESS = b"scrub_progress"
 _PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
 _SCAN_CHUNK = 1 << 16
 
@@ -157,6 +180,60 @@ class LedgerData:
         )
 
 
+class FoundBy(enum.Enum):
+    """Who found an entry's stored copy corrupt."""
+
+    SCRUBBER = "scrubber"
+    READ = "read"
+    """A read of the entry on the bookie."""
+    COMPACTION = "compaction"
+
+
+_FOUND_BY = {FoundBy.SCRUBBER: 1, FoundBy.READ: 2, FoundBy.COMPACTION: 3}
+_FOUND_BY_CODE = {code: found_by for found_by, code in _FOUND_BY.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptMark:
+    """The copy of an entry at `location` failed its check. In force while the index points
+    at that location: a copy written over it since (a re-add, a repair) ends it."""
+
+    location: Location | JournalLocation
+    found_at: float
+    """Wall-clock seconds."""
+    found_by: FoundBy
+
+    def to_bytes(self) -> bytes:
+        return _MARK.pack(self.found_at, _FOUND_BY[self.found_by]) + _packed_location(self.location)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, ledger_id: LedgerId, entry_id: int) -> Self:
+        if len(raw) < _MARK.size or raw[8] not in _FOUND_BY_CODE:
+            raise EntryUnreadable(
+                f"index: the corrupt mark of entry {entry_id} of ledger {ledger_id} does not "
+                "decode: the index is damaged"
+            )
+        found_at, found_by = _MARK.unpack_from(raw)
+        location = _location(raw[_MARK.size :], ledger_id, entry_id)
+        return cls(location, found_at, _FOUND_BY_CODE[found_by])
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubProgress:
+    """The scrub pass under way, the file it reached (None: none yet) and where in it (-1:
+    read through); and the last entry log and journal file it reads (-1: none), those of
+    when it started: files written since wait for the next pass."""
+
+    current: ScrubPass
+    file: FileKey | None
+    offset: int
+    last_log: int
+    last_journal_file: int
+
+    def at(self, current: ScrubPass, file: FileKey | None, offset: int) -> ScrubProgress:
+        return replace(self, current=current, file=file, offset=offset)
+
+
 def _ledger_key(ledger_id: LedgerId) -> bytes:
     return _LEDGER_KEY.pack(ledger_id.scope, ledger_id.id)
 
@@ -204,6 +281,40 @@ def _unpacked(raw: bytes, layout: struct.Struct, what: str) -> list[tuple[int, .
     return list(layout.iter_unpack(raw))
 
 
+def _packed_location(location: Location | JournalLocation) -> bytes:
+    if isinstance(location, JournalLocation):
+        return _JOURNAL_LOCATION.pack(*location)
+    return _LOCATION.pack(*location)
+
+
+def _packed_pass(scrub: ScrubPass) -> bytes:
+    ended = math.nan if scrub.ended is None else scrub.ended
+    return _SCRUB_PASS.pack(
+        scrub.started,
+        ended,
+        _TRIGGERS[scrub.trigger],
+        scrub.bytes,
+        scrub.entries,
+        scrub.corrupt,
+        scrub.unreadable,
+    )
+
+
+def _unpacked_pass(fields: tuple[int | float, ...]) -> ScrubPass:
+    started, ended, trigger, size, entries, corrupt, unreadable = fields
+    if trigger not in _TRIGGERS_BY_CODE:
+        raise EntryUnreadable(f"index: a scrub pass has unknown trigger {trigger}")
+    return ScrubPass(
+        float(started),
+        _TRIGGERS_BY_CODE[int(trigger)],
+        None if math.isnan(ended) else float(ended),
+        int(size),
+        int(entries),
+        int(corrupt),
+        int(unreadable),
+    )
+
+
 def _location(raw: bytes, ledger_id: LedgerId, entry_id: int) -> Location | JournalLocation:
     if len(raw) == _LOCATION.size:
         return Location._make(_LOCATION.unpack(raw))
@@ -230,12 +341,8 @@ class IndexBatch:
     def put_location(
         self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
     ) -> None:
-        packed = (
-            _JOURNAL_LOCATION.pack(*location)
-            if isinstance(location, JournalLocation)
-            else _LOCATION.pack(*location)
-        )
-        self._batch.put(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id), packed)
+        key = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id)
+        self._batch.put(key, _packed_location(location))
 
     def delete_entry(self, ledger_id: LedgerId, entry_id: int) -> None:
         self._batch.delete(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id))
@@ -244,9 +351,41 @@ class IndexBatch:
         self._batch.put(_ledger_key(ledger_id), state.to_bytes(), self._index._ledgers_handle)
 
     def delete_ledger(self, ledger_id: LedgerId) -> None:
-        """Every entry of the ledger (one range tombstone) and its state."""
+        """Every entry of the ledger (one range tombstone), its corrupt marks and its state."""
         self._batch.delete_range(*_entry_range(ledger_id))
+        self._batch.delete_range(*_entry_range(ledger_id), self._corrupt)
         self._batch.delete(_ledger_key(ledger_id), self._index._ledgers_handle)
+
+    def put_corrupt(self, ledger_id: LedgerId, entry_id: int, mark: CorruptMark) -> None:
+        key = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id)
+        self._batch.put(key, mark.to_bytes(), self._corrupt)
+
+    def delete_corrupt(self, ledger_id: LedgerId, entry_id: int) -> None:
+        self._batch.delete(_ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id), self._corrupt)
+
+    @property
+    def _corrupt(self) -> rocksdict.ColumnFamily:
+        handle = self._index._corrupt_handle
+        assert handle is not None, "a writable index has every family"
+        return handle
+
+    def put_scrub_passes(self, passes: Iterable[ScrubPass]) -> None:
+        packed = b"".join(_packed_pass(scrub) for scrub in passes)
+        self._batch.put(_SCRUB_PASSES, packed, self._index._meta_handle)
+
+    def put_scrub_progress(self, progress: ScrubProgress | None) -> None:
+        """The pass under way; None: no pass is."""
+        if progress is None:
+            self._batch.delete(_SCRUB_PROGRESS, self._index._meta_handle)
+            return
+        file = progress.file
+        kind, file_id = (_FILE_KINDS[file[0]], file[1]) if file is not None else (0, 0)
+        cursor = _SCRUB_CURSOR.pack(
+            kind, file_id, progress.offset, progress.last_log + 1, progress.last_journal_file + 1
+        )
+        self._batch.put(
+            _SCRUB_PROGRESS, _packed_pass(progress.current) + cursor, self._index._meta_handle
+        )
 
     def put_journal_mark(self, mark: bytes) -> None:
         self._batch.put(_JOURNAL_MARK, bytes(mark), self._index._meta_handle)
@@ -324,6 +463,10 @@ class Index:
             self._usage_handle = (
                 self._db.get_column_family_handle(_USAGE_FAMILY) if _USAGE_FAMILY in names else None
             )
+            self._corrupt_db = self._db.get_column_family(_CORRUPT) if _CORRUPT in names else None
+            self._corrupt_handle = (
+                self._db.get_column_family_handle(_CORRUPT) if _CORRUPT in names else None
+            )
         except TallyError:
             raise
         except Exception as error:
@@ -347,6 +490,29 @@ class Index:
                 f"{error}"
             ) from error
         return None if raw is None else _location(raw, ledger_id, entry_id)
+
+    def points_at(
+        self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
+    ) -> bool:
+        """Whether the index holds the entry exactly at `location` (the scrubber asks this
+        of every record it reads: the stored bytes are compared, not decoded)."""
+        return self._stored(ledger_id.scope, ledger_id.id, entry_id) == _packed_location(location)
+
+    def in_entry_log(
+        self, scope: int, ledger: int, entry_id: int, log_id: int, offset: int, size: int
+    ) -> bool:
+        """`points_at` for a record of an entry log, from the fields of its header: the
+        scrubber's question for each record, asked without making objects."""
+        return self._stored(scope, ledger, entry_id) == _LOCATION.pack(log_id, offset, size)
+
+    def _stored(self, scope: int, ledger: int, entry_id: int) -> bytes | None:
+        try:
+            return cast(bytes | None, self._db.get(_ENTRY_KEY.pack(scope, ledger, entry_id)))
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the location of entry {entry_id} of ledger "
+                f"{LedgerId(scope, ledger)}: {error}"
+            ) from error
 
     def last_entry(self, ledger_id: LedgerId) -> int | None:
         """The highest entry id the index holds for the ledger."""
@@ -507,6 +673,62 @@ class Index:
         except Exception as error:
             raise EntryUnreadable(f"index: cannot walk the locations: {error}") from error
 
+    def file_usage(self, kind: FileKind, file_id: int) -> dict[LedgerId, int]:
+        """The bytes counted of each ledger in one file (`usage`)."""
+        if self._usage_db is None:
+            return {}
+        lo, hi = _file_range(kind, file_id)
+        try:
+            items = cast(
+                Iterator[tuple[bytes, bytes]],
+                self._usage_db.items(from_key=lo, read_opt=_bounded(hi)),
+            )
+            return {
+                LedgerId(*_USAGE_KEY.unpack(key)[2:]): _USAGE.unpack(value)[0]
+                for key, value in items
+            }
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the usage of {kind.value} {file_id}: {error}"
+            ) from error
+
+    def corrupt_marks(self) -> Iterator[tuple[LedgerId, int, CorruptMark]]:
+        """Every entry marked corrupt, with its mark, in key order."""
+        if self._corrupt_db is None:
+            return
+        try:
+            for key, value in cast(Iterator[tuple[bytes, bytes]], self._corrupt_db.items()):
+                scope, ledger, entry_id = _ENTRY_KEY.unpack(key)
+                ledger_id = LedgerId(scope, ledger)
+                yield ledger_id, entry_id, CorruptMark.from_bytes(value, ledger_id, entry_id)
+        except TallyError:
+            raise
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot list the corrupt marks: {error}") from error
+
+    def scrub_passes(self) -> list[ScrubPass]:
+        """The last complete scrub passes, oldest first."""
+        return [
+            _unpacked_pass(fields)
+            for fields in self._packed(_SCRUB_PASSES, _SCRUB_PASS, "scrub passes")
+        ]
+
+    def scrub_progress(self) -> ScrubProgress | None:
+        what = "scrub progress"
+        raw = self._meta(_SCRUB_PROGRESS, what)
+        if raw is None:
+            return None
+        if len(raw) != _SCRUB_PASS.size + _SCRUB_CURSOR.size:
+            raise EntryUnreadable(f"index: the {what} takes {len(raw)} bytes: it is damaged")
+        current = _unpacked_pass(_SCRUB_PASS.unpack_from(raw))
+        kind, file_id, offset, last_log, last_journal = _SCRUB_CURSOR.unpack_from(
+            raw, _SCRUB_PASS.size
+        )
+        if kind and kind not in _KINDS_BY_CODE:
+            raise EntryUnreadable(f"index: the {what} names an unknown kind of file {kind}")
+        file = (_KINDS_BY_CODE[kind], file_id) if kind else None
+        return ScrubProgress(current, file, offset, last_log - 1, last_journal - 1)
+
     def journal_mark(self) -> bytes | None:
         """The journal mark of the last checkpoint written, if any."""
         return self._meta(_JOURNAL_MARK, "journal mark")
@@ -544,12 +766,13 @@ class Index:
         if self._closed:
             return
         self._closed = True
-        del self._ledgers_handle, self._meta_handle, self._usage_handle
+        del self._ledgers_handle, self._meta_handle, self._usage_handle, self._corrupt_handle
         try:
             self._ledgers_db.close()
             self._meta_db.close()
-            if self._usage_db is not None:
-                self._usage_db.close()
+            for family in (self._usage_db, self._corrupt_db):
+                if family is not None:
+                    family.close()
             self._db.close()
         except Exception as error:
             raise WriteFailed(f"index {self.path}: close failed: {error}") from error

@@ -18,6 +18,16 @@ file as in limbo (limbo.py) rather than forget the records after the damage. A t
 and a disk that corrupted the last acknowledged records look the same; nothing short of a
 second copy can tell them apart, which is what the other bookies of the write quorum are.
 
+Write failures. A failed write, fdatasync, preallocation or new file fails its batch, and
+every record queued behind it, with WriteFailed: nothing after the last durable record is
+acknowledged, and the journal takes no record until `resume()` writes a new file (the
+bookie is read-only meanwhile). The failed file is never written again, since what follows
+its last durable record may be a torn or unsynced write; the new file's header records
+where those durable records end, so replay reads the failed file up to there and takes the
+rest for the torn tail it is. A `start()` whose new file cannot be written (a full disk)
+leaves the journal failed in the same way instead of raising: the bookie serves reads and
+tries again.
+
 Preallocation: `posix_fallocate` reserves the file `preallocate_size` at a time ahead of
 the writes, so every record lands inside the file's size: fdatasync has no size change to
 commit, where appending to a growing file makes every fdatasync also commit the inode
@@ -53,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 import os
 import threading
@@ -83,6 +94,8 @@ from tally.core.errors import BadRequest, IllegalOperation, WriteFailed
 
 log = logging.getLogger(__name__)
 
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a file system out of room (or quota), which room cures."""
 DEFAULT_FILE_SIZE = 2 << 30
 """BookKeeper's journalMaxSizeMB (2048)."""
 DEFAULT_PREALLOCATE_SIZE = 16 << 20
@@ -100,6 +113,14 @@ RECENT_FDATASYNCS = 1024
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
 """`append_then`'s callback: (the record's mark, None) once it is durable, else (None, the
 WriteFailed)."""
+OnFailure: TypeAlias = Callable[[WriteFailed], None]
+"""Told, on the event loop, when the journal stops taking records (before any waiter)."""
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether the journal failed for want of room (its WriteFailed's cause)."""
+    cause = error.__cause__ if isinstance(error, WriteFailed) else error
+    return isinstance(cause, OSError) and cause.errno in NO_SPACE
 
 
 @dataclass
@@ -110,6 +131,8 @@ class JournalStats:
     batches: int = 0
     bytes_written: int = 0
     files_created: int = 0
+    write_failures: int = 0
+    """Failures that stopped the journal, and failed attempts to resume it."""
     last_fdatasync_seconds: float = 0.0
     recent_fdatasync_seconds: deque[float] = field(
         default_factory=lambda: deque(maxlen=RECENT_FDATASYNCS)
@@ -172,7 +195,8 @@ class Journal:
     Use: `replay()` at start-up (synchronously, before serving), then `await start()`,
     then `append`/`append_nowait` from the event loop's thread only, and `await close()`.
     A journal object runs once. After a write error every pending and later append fails with
-    `WriteFailed` (its `__cause__` is the OSError): the bookie then turns read-only.
+    `WriteFailed` (its `__cause__` is the OSError), `on_failure` is told, and the bookie turns
+    read-only; `await resume()` writes a new file and takes records again.
     """
 
     def __init__(
@@ -185,6 +209,7 @@ class Journal:
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         fsync: bool = True,
         direct_io: bool = True,
+        on_failure: OnFailure | None = None,
     ) -> None:
         if file_size <= HEADER_SIZE:
             raise BadRequest(f"journal file_size {file_size} must exceed the header")
@@ -201,6 +226,7 @@ class Journal:
         self.max_batch_bytes = max_batch_bytes
         self.fsync = fsync
         self.direct_io = direct_io
+        self._on_failure = on_failure
         self.stats = JournalStats()
         self._state = _State.NEW
         self._failure: WriteFailed | None = None
@@ -210,8 +236,10 @@ class Journal:
         """What the last replay found damaged (journal_format.Damage), in journal order."""
         self._highest_file_id = 0
         self._last_mark = JournalMark(0, 0)
-        # The journal thread's file.
+        # The journal thread's file, and where the records end of the file that the next
+        # new file follows (None: look on disk).
         self._file: OpenFile | None = None
+        self._predecessor: JournalMark | None = None
         # The queue: two parts per record (its head and the rest), its size with the
         # frame, and who waits for it.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -260,7 +288,11 @@ class Journal:
         self._tail = end.tail
 
     async def start(self) -> None:
-        """Write a new journal file (never append to an old, possibly torn one)."""
+        """Write a new journal file (never append to an old, possibly torn one).
+
+        A file system that refuses the file (full, failing) leaves the journal started but
+        failed, as after a write error, rather than raising: see `resume()`.
+        """
         if self._state is not _State.NEW or self._executor is not None:
             raise IllegalOperation(f"journal start() in state {self._state.value}")
         self._loop = asyncio.get_running_loop()
@@ -268,11 +300,24 @@ class Journal:
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tally-journal-sync")
         try:
             file_id, header = await self._loop.run_in_executor(self._executor, self._open)
+        except OSError as error:
+            # Every record replayed lies before the end of the last file, which a checkpoint
+            # may therefore mark (JournalMark(0, 0): no file at all).
+            self._last_mark = self._predecessor or JournalMark(0, 0)
+            self._state = _State.RUNNING
+            self._fail(self._new_file_failed(error), [])
+            return
         except BaseException:
             self._executor.shutdown(wait=False)
             self._syncer.shutdown(wait=False)
             raise
+        self._started(file_id, header)
+
+    def _started(self, file_id: int, header: bytes) -> None:
+        """Take records into the new file `file_id`, whose header is `header`."""
         self._last_mark = JournalMark(file_id, HEADER_SIZE)
+        if self._stage is not None:
+            self._stage.close()
         self._stage = JournalStage(
             file_id,
             header,
@@ -283,21 +328,32 @@ class Journal:
         self._state = _State.RUNNING
 
     def _open(self) -> tuple[int, bytes]:
-        """Journal thread: write the new file; returns its id and header."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        remove_temporaries(self.directory)
-        files = journal_files(self.directory)
-        previous = JournalMark(0, 0)
-        if files:
-            last_id, last_path = files[-1]
-            if self._tail is not None and self._tail.file_id == last_id:
-                previous = self._tail
-            else:
-                previous = JournalMark(last_id, records_end(last_path, last_id))
+        """Journal thread: write the new file, then let go of the one it follows (if a
+        failed one is open); returns its id and header."""
+        if self._predecessor is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            remove_temporaries(self.directory)
+            self._predecessor = self._last_file_end()
+        previous = self._predecessor
         file_id = max(previous.file_id, self._highest_file_id) + 1
         header = FileHeader(file_id, *previous).to_bytes()
-        self._file = self._create(file_id, header)
+        created = self._create(file_id, header)
+        if self._file is not None:
+            self._file.close()
+        self._file = created
+        self._predecessor = None
         return file_id, header
+
+    def _last_file_end(self) -> JournalMark:
+        """Journal thread: where the records of the directory's last file end ((0, 0): no
+        file), as replay found it or read through."""
+        files = journal_files(self.directory)
+        if not files:
+            return JournalMark(0, 0)
+        last_id, last_path = files[-1]
+        if self._tail is not None and self._tail.file_id == last_id:
+            return self._tail
+        return JournalMark(last_id, records_end(last_path, last_id))
 
     def _create(self, file_id: int, header: bytes) -> OpenFile:
         """A new file, durable with its header and first chunk before it gets its name."""
@@ -320,6 +376,51 @@ class Journal:
             )
             self.direct_io = False
         return self.direct_io
+
+    async def resume(self) -> None:
+        """After a failure: write a new file and take records again; raises WriteFailed
+        (and stays failed) if the new file cannot be written either.
+
+        Waits until every batch in flight has been answered, then writes a file whose
+        header records the end of the last durable record of the failed one: replay reads
+        no further there, where the failed write may have left anything.
+        """
+        if self._state is not _RUNNING or self._failure is None:
+            raise IllegalOperation(f"journal resume() in state {self._state.value}, not failed")
+        assert self._loop is not None
+        assert self._executor is not None
+        await self._answered()
+        if self._state is not _RUNNING:
+            raise IllegalOperation(f"journal resume() in state {self._state.value}")
+        failed = self._file
+        if failed is not None:
+            durable = self._last_mark
+            end = durable.offset if durable.file_id == failed.file_id else HEADER_SIZE
+            self._predecessor = JournalMark(failed.file_id, end)
+        try:
+            file_id, header = await self._loop.run_in_executor(self._executor, self._open)
+        except OSError as error:
+            self.stats.write_failures += 1
+            raise self._new_file_failed(error) from error
+        if self._state is not _RUNNING:  # closed meanwhile: the new file was closed with it
+            return
+        self._started(file_id, header)
+        self._failure = self._sync_failure = None
+        log.info(
+            "journal %s: writing again, in the new file %s, after the failure",
+            self.directory,
+            self._file.path if self._file is not None else file_id,
+        )
+
+    def _new_file_failed(self, error: OSError) -> WriteFailed:
+        failure = WriteFailed(f"journal {self.directory}: cannot write a new journal file: {error}")
+        failure.__cause__ = error
+        return failure
+
+    @property
+    def failure(self) -> WriteFailed | None:
+        """Why the journal takes no records (None while it does)."""
+        return self._failure
 
     # -- appends -------------------------------------------------------------------------
 
@@ -599,10 +700,15 @@ class Journal:
         else:
             self._failure = WriteFailed(f"journal {self.directory}: write failed: {error!r}")
             self._failure.__cause__ = error
-        log.error("%s; the journal accepts no more records", self._failure)
+        self.stats.write_failures += 1
+        log.error("%s; the journal takes no records until it can write a new file", self._failure)
         with self._queue_lock:
-            assert self._stage is not None
-            waiting = waiters + self._stage.discard()
+            waiting = waiters + (self._stage.discard() if self._stage is not None else [])
+        if self._on_failure is not None:
+            try:
+                self._on_failure(self._failure)
+            except Exception:
+                log.exception("journal: the failure callback failed")
         self._fail_waiters(waiting)
 
     def _fail_waiters(self, waiters: list[asyncio.Future[JournalMark] | Done]) -> None:
@@ -638,14 +744,20 @@ class Journal:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush()
-        if self._in_flight or self._pending_sync:
-            self._drained = self._loop.create_future()
-            await self._drained
+        await self._answered()
         await self._loop.run_in_executor(self._executor, self._close_file)
         self._executor.shutdown(wait=True)
         assert self._syncer is not None
         self._syncer.shutdown(wait=True)
         self._state = _State.CLOSED
+
+    async def _answered(self) -> None:
+        """Until every batch handed to the journal thread has been answered."""
+        assert self._loop is not None
+        if self._in_flight or self._pending_sync:
+            if self._drained is None or self._drained.done():
+                self._drained = self._loop.create_future()
+            await asyncio.shield(self._drained)
 
     def _close_file(self) -> None:
         if self._file is not None:

@@ -11,8 +11,9 @@ by ledger, where reading a ledger back finds its entries together.
 The index holds a `JournalLocation` (file, offset and size of the entry's bytes, and the
 CRC32C the client sent with it). In the file the bytes follow the head of their journal
 record (`ENTRY_HEAD`: ledger, entry, LAC, CRC32C); a read takes both and checks the head
-against the ledger, entry and CRC32C expected and the bytes against the CRC32C. Any
-mismatch, short read or I/O error is `EntryUnreadable`, never "no such entry" (seed 003).
+against the ledger, entry and CRC32C expected and the bytes against the CRC32C. A mismatch
+or short read is `EntryCorrupt`, an I/O error `EntryUnreadable` (its parent), never "no
+such entry" (seed 003).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import NamedTuple
 from tally.bookie.journal_format import JournalMark, file_name
 from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
-from tally.core.errors import EntryUnreadable
+from tally.core.errors import EntryCorrupt, EntryUnreadable
 from tally.core.ids import LedgerId
 
 
@@ -79,20 +80,32 @@ class JournalEntries:
     def read(
         self, location: JournalLocation, ledger_id: LedgerId, entry_id: int
     ) -> tuple[int, bytes]:
-        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact."""
-        file_id, offset, size, crc = location
-        where = (
-            f"entry {entry_id} of ledger {ledger_id} in journal file "
-            f"{self.directory / file_name(file_id)} at offset {offset}"
-        )
+        """The (CRC32C, bytes) of the entry at `location`, checked to be that entry, intact:
+        EntryCorrupt if it fails its check (`check`), EntryUnreadable if it cannot be read."""
+        file_id, offset, size, _ = location
         try:
             raw = self._handles.pread(file_id, ENTRY_HEAD.size + size, offset - ENTRY_HEAD.size)
         except OSError as error:
-            raise EntryUnreadable(f"{where}: read failed: {error}") from error
-        if len(raw) < ENTRY_HEAD.size + size:
             raise EntryUnreadable(
-                f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes"
-            )
+                f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
+            ) from error
+        crc, data = self.check(raw, location, ledger_id, entry_id)
+        return crc, bytes(data)  # (bytes already: raw is)
+
+    def check(
+        self,
+        raw: bytes | memoryview,
+        location: JournalLocation,
+        ledger_id: LedgerId,
+        entry_id: int,
+    ) -> tuple[int, bytes | memoryview]:
+        """The (CRC32C, bytes) of the entry record `raw` (its head, then the entry) read at
+        `location`, if the head names the ledger, the entry and the CRC32C that the index
+        holds and the bytes match that CRC32C; EntryCorrupt saying what is wrong otherwise."""
+        _, _, size, crc = location
+        where = self._where(location, ledger_id, entry_id)
+        if len(raw) < ENTRY_HEAD.size + size:
+            raise EntryCorrupt(f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes")
         kind, scope, ledger, entry, _, head_crc = ENTRY_HEAD.unpack_from(raw)
         if (kind, scope, ledger, entry, head_crc) != (
             RecordType.ENTRY,
@@ -101,18 +114,35 @@ class JournalEntries:
             entry_id,
             crc,
         ):
-            raise EntryUnreadable(
+            raise EntryCorrupt(
                 f"{where}: the journal record there is of type {kind}, entry {entry} of ledger "
                 f"{LedgerId(scope, ledger)}, CRC32C 0x{head_crc:08x}; the index says 0x{crc:08x}"
             )
-        data = raw[ENTRY_HEAD.size :]
+        data = raw[ENTRY_HEAD.size : ENTRY_HEAD.size + size]
         actual = crc32c(data)
         if actual != crc:
-            raise EntryUnreadable(
+            raise EntryCorrupt(
                 f"{where}: CRC32C of the {size} bytes is 0x{actual:08x}, stored 0x{crc:08x}: "
                 "the bytes are corrupt"
             )
         return crc, data
+
+    def read_span(self, file_id: int, offset: int, size: int) -> bytes:
+        """`size` bytes of journal file `file_id` from `offset`, past the page cache (for the
+        scrubber); EntryUnreadable if they cannot be read (a short read returns fewer)."""
+        try:
+            return self._handles.pread(file_id, size, offset, drop=True)
+        except OSError as error:
+            raise EntryUnreadable(
+                f"journal file {self.directory / file_name(file_id)}: read of {size} bytes at "
+                f"offset {offset} failed: {error}"
+            ) from error
+
+    def _where(self, location: JournalLocation, ledger_id: LedgerId, entry_id: int) -> str:
+        return (
+            f"entry {entry_id} of ledger {ledger_id} in journal file "
+            f"{self.directory / file_name(location.file_id)} at offset {location.offset}"
+        )
 
     def retire(self, file_id: int) -> None:
         """The index no longer points into the file and the journal may delete it: stop

@@ -60,6 +60,7 @@ from tally.bookie.ledger_storage import (
     DEFAULT_AVAILABILITY_BATCH,
     LedgerStorage,
     LedgerStorageStats,
+    OnCorrupt,
 )
 from tally.bookie.storage_totals import combined, summed
 from tally.core.admission import LedgerAccess
@@ -142,12 +143,14 @@ class LedgerDirectories:
         log_size_limit: int = DEFAULT_LOG_SIZE_LIMIT,
         direct_io: bool = True,
         gc: GcSettings | None = None,
+        on_corrupt: OnCorrupt | None = None,
         on_failure: DirectoryFailed = lambda directory, reason, ledgers: None,
         on_unclear_error: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`on_failure` hears of a directory that failed; `on_unclear_error` of an error
-        on the event loop that asks for a probe (the bookie probes in its disk check)."""
+        """`on_corrupt` is every storage's (LedgerStorage); `on_failure` hears of a
+        directory that failed; `on_unclear_error` of an error on the event loop that asks
+        for a probe (the bookie probes in its disk check)."""
         self._journal_file = re.compile(re.escape(str(journal_dir)) + r"/[0-9a-f]{16}\.txn")
         """Names a journal file in an error (an entry kept there is read from it)."""
         self._on_failure = on_failure
@@ -184,6 +187,7 @@ class LedgerDirectories:
                     direct_io=direct_io,
                     journal_entries=JournalEntries(journal_dir) if keeps else None,
                     gc=gc,
+                    on_corrupt=on_corrupt,
                 )
                 self._dirs.append(_Directory(path, storage, DirectoryHealth()))
             if not self._in_service():
@@ -338,11 +342,13 @@ class LedgerDirectories:
         crc32c: int,
         data: EntryBytes,
         last_add_confirmed: int,
+        *,
+        repair: bool = False,
     ) -> None:
         directory = self._placement.get(ledger_id)  # inline `_writing`: once per add
         storage = directory.writable if directory is not None else None
         (storage or self._writing(ledger_id)).add_entry(
-            ledger_id, entry_id, crc32c, data, last_add_confirmed
+            ledger_id, entry_id, crc32c, data, last_add_confirmed, repair=repair
         )
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
@@ -642,6 +648,12 @@ class LedgerDirectories:
                 storage.close()
             except (TallyError, OSError) as error:
                 log.warning("closing failed ledger directory %s: %s", directory.name, error)
+
+    def storages(self) -> list[tuple[str, Path, LedgerStorage]]:
+        """(directory, path, storage) of each directory in service: for what runs over
+        one directory's storage at a time (the scrubber)."""
+        with self._lock:
+            return [(d.name, d.path, d.storage) for d in self._in_service() if d.storage]
 
     def failed_directories(self) -> dict[str, str]:
         """Each failed directory with why it failed."""

@@ -16,8 +16,16 @@ copies are valid and checksummed end to end, and only a replacing re-add can rep
 that rotted on disk. So the newest verified copy wins.
 
 Reads: the write caches first, then the index and the entry log. An entry the index holds
-but whose bytes cannot be read or fail their CRC32C is `EntryUnreadable`, never
-`NoSuchEntry` (seed 003). `NoSuchLedger` only when nothing is known of the ledger.
+but whose bytes cannot be read is `EntryUnreadable`, never `NoSuchEntry` (seed 003).
+`NoSuchLedger` only when nothing is known of the ledger.
+
+Corrupt copies. A copy whose bytes fail their check (CRC32C, or a record naming another
+entry), found by a read, the scrubber (scrubber.py) or compaction, is marked corrupt in
+the index (`corrupt` family), not dropped: the index keeps the entry, and reads answer
+`EntryCorrupt` (an EntryUnreadable) without reading it again. A mark holds while the index
+points at the copy it names: the checkpoint that indexes a copy written over it (a re-add,
+or a repair's add, `repair=True`, refused over anything but a marked copy) ends it in the
+same batch. `corrupt_entries` lists the marks; `on_corrupt` hears of new ones.
 
 Limbo (BookKeeper's BP-46). A ledger whose journal records may have been lost (the bookie
 found its journal damaged at start-up) is in limbo: the bookie cannot tell an entry it never
@@ -52,11 +60,12 @@ sparse ones; the index counts each ledger's bytes in each file for it, and the c
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,8 +85,17 @@ from tally.bookie.entry_log import (
     EntryLog,
     Location,
 )
-from tally.bookie.index import Index, IndexBatch, Int64Array, LedgerData, UsageKey
+from tally.bookie.index import (
+    CorruptMark,
+    FoundBy,
+    Index,
+    IndexBatch,
+    Int64Array,
+    LedgerData,
+    UsageKey,
+)
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
+from tally.bookie.scrubber import Scrubber, ScrubStats, ScrubStep, Verdict
 from tally.bookie.write_cache import WriteCache
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
@@ -87,6 +105,7 @@ from tally.core.digest import crc32c as compute_crc32c
 from tally.core.errors import (
     BadDigest,
     BadRequest,
+    EntryCorrupt,
     EntryUnreadable,
     IllegalOperation,
     LedgerInLimbo,
@@ -96,6 +115,9 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.protocol import KEEP_IN_PLACE, EntryBytes, LedgerInfo
+from tally.core.scrub import ScrubPass
+
+log = logging.getLogger(__name__)
 
 LAST_ENTRY = -1
 """The entry id that reads the highest entry the bookie holds (BookKeeper's LAST_ADD_CONFIRMED
@@ -125,6 +147,11 @@ class LedgerStorageStats:
     last_checkpoint_seconds: float
     checkpoint_seconds_total: float
     gc: GcStats
+    scrub: ScrubStats
+    corrupt_entries: int
+    """Entries marked corrupt now (a good copy written over one ends its mark)."""
+    corrupt_marked: dict[FoundBy, int]
+    """Marks made since the storage was opened, by who found the copy corrupt."""
 
 
 @dataclass(slots=True)
@@ -138,6 +165,20 @@ class _Counters:
     entries_kept_in_journal: int = 0
     last_checkpoint_seconds: float = 0.0
     checkpoint_seconds_total: float = 0.0
+    corrupt_marked: dict[FoundBy, int] = field(default_factory=lambda: dict.fromkeys(FoundBy, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptEntry:
+    """An entry whose copy on this bookie is marked corrupt, with its mark."""
+
+    ledger_id: LedgerId
+    entry_id: int
+    mark: CorruptMark
+
+
+OnCorrupt = Callable[[LedgerId, list[int]], None]
+"""Hears of entries of a ledger newly marked corrupt, from the thread that found them."""
 
 
 class LedgerStorage:
@@ -152,10 +193,13 @@ class LedgerStorage:
         journal_entries: JournalEntries | None = None,
         gc: GcSettings | None = None,
         disk_space: Callable[[], DiskSpace] | None = None,
+        on_corrupt: OnCorrupt | None = None,
     ) -> None:
         """`journal_entries`: where to read the entries that `keep_in_journal` leaves in the
         journal; without it, every entry is copied into the entry logs. `gc`: garbage
-        collection's settings; `disk_space` measures the ledger disk for it."""
+        collection's settings; `disk_space` measures the ledger disk for it. `on_corrupt`
+        hears of every entry newly marked corrupt (by a read, on the reading thread; by the
+        scrubber, after its step, on its thread)."""
         self.directory = directory
         self._log = EntryLog(directory / "logs", size_limit=log_size_limit, direct_io=direct_io)
         if not (directory / "index").exists() and self._log.log_ids():
@@ -183,6 +227,23 @@ class LedgerStorage:
         self._limbo_changed = False
         """Whether `_limbo` changed since the last checkpoint took its snapshot."""
         self._counters = _Counters()
+        self._marks = {
+            (ledger_id, entry_id): mark for ledger_id, entry_id, mark in self._index.corrupt_marks()
+        }
+        """Every corrupt mark (few: a copy is marked when found bad, until one replaces it)."""
+        self._on_corrupt = on_corrupt
+        self._scrub_found: list[tuple[LedgerId, int]] = []
+        """Marked by the step of the scrubber under way (its thread's only)."""
+        self._scrubber = Scrubber(
+            self._index,
+            self._log,
+            journal_entries,
+            self.kept_journal_files,
+            self._settle,
+            self._verified,
+            lambda: bool(self._marks),
+            self._drop_stale_marks,
+        )
         self._compactor = Compactor(
             self._index,
             self._log,
@@ -190,6 +251,7 @@ class LedgerStorage:
             self._maintenance,
             self.kept_journal_files,
             self._drop_kept_files,
+            self._compaction_found_corrupt,
             gc or GcSettings(),
             disk_space=disk_space or disk_space_of(directory),
         )
@@ -224,6 +286,8 @@ class LedgerStorage:
         crc32c: int,
         data: EntryBytes,
         last_add_confirmed: int,
+        *,
+        repair: bool = False,
     ) -> None:
         """Store an entry (in the write cache) and the LAC its writer piggy-backed on it.
 
@@ -231,6 +295,10 @@ class LedgerStorage:
         before journaling the add. `data` is kept as it is (bytes, or a view nobody writes
         to again), except a view shorter than KEEP_IN_PLACE, which is copied rather than
         keep a larger buffer alive for a few bytes (a replayed journal record, say).
+
+        An add replaces the copy held (see the module docstring); the checkpoint that
+        indexes the new copy ends the old one's corrupt mark, if it had one. `repair`: a
+        repair's add, refused (IllegalOperation) unless the copy held is marked corrupt.
         """
         _check_entry_id(entry_id, ledger_id)
         _check_lac(last_add_confirmed, ledger_id)
@@ -244,6 +312,11 @@ class LedgerStorage:
                 f"0x{actual:08x}, the client sent 0x{crc32c & 0xFFFFFFFF:08x}"
             )
         with self._lock:
+            if repair and not self._repairable(ledger_id, entry_id):
+                raise IllegalOperation(
+                    f"entry {entry_id} of ledger {ledger_id}: a repair replaces only a copy "
+                    "marked corrupt, and this bookie's copy is not (or it holds none)"
+                )
             state = self._touch(ledger_id)
             if last_add_confirmed > state.piggyback_lac:
                 state.piggyback_lac = last_add_confirmed
@@ -341,12 +414,19 @@ class LedgerStorage:
             for attempt in range(MOVED_READS):
                 if location is None:
                     break
+                self._refuse_marked(ledger_id, entry_id, location)
                 try:
                     return self._read(location, ledger_id, entry_id)
-                except EntryUnreadable:
+                except EntryUnreadable as error:
                     # Garbage collection may have moved the entry and deleted its file since
                     # the look-up: the index then says where it is now (or that it is gone).
                     moved = self._index.location(ledger_id, entry_id)
+                    if moved == location and isinstance(error, EntryCorrupt):
+                        _, new = self._mark_corrupt(
+                            ledger_id, entry_id, location, FoundBy.READ, str(error)
+                        )
+                        if new:
+                            self._report([(ledger_id, entry_id)])
                     if moved == location or attempt == MOVED_READS - 1:
                         raise
                     location = moved
@@ -356,6 +436,22 @@ class LedgerStorage:
             raise
         self._check_negative(ledger_id, f"entry {entry_id} of ledger {ledger_id}")
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
+
+    def _refuse_marked(
+        self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
+    ) -> None:
+        """EntryCorrupt if the copy at `location` is marked corrupt: not read again."""
+        if not self._marks:
+            return
+        with self._lock:
+            mark = self._marks.get((ledger_id, entry_id))
+        if mark is not None and mark.location == location:
+            raise EntryCorrupt(
+                f"entry {entry_id} of ledger {ledger_id}: this bookie's copy "
+                f"({_describe(location)}) was found corrupt by the {mark.found_by.value} at "
+                f"{_timestamp(mark.found_at)}; it is kept, marked, until a good copy is "
+                "written over it"
+            )
 
     def _read(
         self, location: Location | JournalLocation, ledger_id: LedgerId, entry_id: int
@@ -507,7 +603,186 @@ class LedgerStorage:
                 last_checkpoint_seconds=counters.last_checkpoint_seconds,
                 checkpoint_seconds_total=counters.checkpoint_seconds_total,
                 gc=self._compactor.stats(),
+                scrub=self._scrubber.stats(),
+                corrupt_entries=len(self._marks),
+                corrupt_marked=dict(counters.corrupt_marked),
             )
+
+    # -- corrupt copies and scrubbing --------------------------------------------------
+
+    def corrupt_entries(self, ledger_id: LedgerId | None = None) -> list[CorruptEntry]:
+        """The entries (of `ledger_id`, or of every ledger) whose copy here is marked
+        corrupt and not yet replaced, by ledger and entry: what a repair writes over (an
+        add, `repair=True` for a repair's). A re-add waiting in the write cache counts as
+        replaced: its checkpoint ends the mark."""
+        with self._lock:
+            marked = sorted(
+                (key, mark)
+                for key, mark in self._marks.items()
+                if (ledger_id is None or key[0] == ledger_id) and not self._cached(*key)
+            )
+        return [
+            CorruptEntry(marked_ledger, entry_id, mark)
+            for (marked_ledger, entry_id), mark in marked
+            if self._index.location(marked_ledger, entry_id) == mark.location
+        ]
+
+    def scrub(self, budget: int, *, full_speed: bool = False) -> ScrubStep:
+        """One step of the scrub pass under way, or of a new one: about `budget` bytes of
+        the files read back and their entries checked (scrubber.py). Call from a worker
+        thread, one at a time. The entries found corrupt are marked, then reported to
+        `on_corrupt`.
+
+        IllegalOperation if the storage is closing; WriteFailed if the index cannot be
+        written (the step's marks may be lost: the next pass finds them again)."""
+        step = self._scrubber.step(budget, full_speed=full_speed)
+        found, self._scrub_found = self._scrub_found, []
+        self._report(found)
+        return step
+
+    def scrub_passes(self) -> tuple[ScrubPass | None, list[ScrubPass]]:
+        """The scrub pass under way (None if none) and the last complete ones, oldest first."""
+        return self._scrubber.current(), self._scrubber.passes()
+
+    def _cached(self, ledger_id: LedgerId, entry_id: int) -> bool:
+        """Whether a write cache holds a copy of the entry (call under `_lock`)."""
+        return self._cache.get(ledger_id, entry_id) is not None or (
+            self._flushing is not None and self._flushing.get(ledger_id, entry_id) is not None
+        )
+
+    def _repairable(self, ledger_id: LedgerId, entry_id: int) -> bool:
+        """Whether the copy held is marked corrupt, or one written over such a copy waits
+        in a write cache (a repair sent twice), under `_lock`."""
+        mark = self._marks.get((ledger_id, entry_id))
+        if mark is None:
+            return False
+        return self._cached(ledger_id, entry_id) or (
+            self._index.location(ledger_id, entry_id) == mark.location
+        )
+
+    def _mark_corrupt(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        found_by: FoundBy,
+        problem: str,
+    ) -> tuple[Verdict, bool]:
+        """Mark the copy at `location`, found corrupt, if the index still points at it and
+        no newer copy waits in a write cache; the verdict, and whether the mark is new."""
+        key = (ledger_id, entry_id)
+        with self._lock:
+            if self._cached(ledger_id, entry_id):
+                return Verdict.HEALTHY, False
+            if self._index.location(ledger_id, entry_id) != location:
+                return Verdict.HEALTHY, False
+            mark = self._marks.get(key)
+            if mark is not None and mark.location == location:
+                return Verdict.CORRUPT, False
+            mark = CorruptMark(location, time.time(), found_by)
+            batch = self._index.batch()
+            batch.put_corrupt(ledger_id, entry_id, mark)
+            self._index.write(batch)
+            self._marks[key] = mark
+            self._counters.corrupt_marked[found_by] += 1
+        log.error(
+            "entry %d of ledger %s is corrupt on this bookie (found by the %s): %s. Marked "
+            "and kept; reads answer EntryCorrupt until a good copy is written over it",
+            entry_id,
+            ledger_id,
+            found_by.value,
+            problem,
+        )
+        return Verdict.CORRUPT, True
+
+    def _settle(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        corrupt: bool,
+        problem: str,
+    ) -> Verdict:
+        """The scrubber's copy at `location` failed its check (`corrupt`) or could not be
+        read: what it is, the entry looked up again (scrubber.Settle)."""
+        if corrupt:
+            verdict, new = self._mark_corrupt(
+                ledger_id, entry_id, location, FoundBy.SCRUBBER, problem
+            )
+            if new:
+                self._scrub_found.append((ledger_id, entry_id))
+            return verdict
+        with self._lock:
+            if self._cached(ledger_id, entry_id):
+                return Verdict.HEALTHY
+        if self._index.location(ledger_id, entry_id) != location:
+            return Verdict.HEALTHY
+        return Verdict.UNREADABLE
+
+    def _compaction_found_corrupt(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        problem: str,
+    ) -> None:
+        _, new = self._mark_corrupt(ledger_id, entry_id, location, FoundBy.COMPACTION, problem)
+        if new:
+            self._report([(ledger_id, entry_id)])
+
+    def _verified(
+        self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
+    ) -> None:
+        """The copy at `location` passed the scrubber's check: a mark on it goes."""
+        if not self._marks:
+            return
+        key = (ledger_id, entry_id)
+        with self._lock:
+            mark = self._marks.get(key)
+            if mark is None or mark.location != location:
+                return
+            batch = self._index.batch()
+            batch.delete_corrupt(ledger_id, entry_id)
+            self._index.write(batch)
+            del self._marks[key]
+        log.warning(
+            "entry %d of ledger %s, marked corrupt by the %s at %s, checks out now (%s): its "
+            "mark is removed",
+            entry_id,
+            ledger_id,
+            mark.found_by.value,
+            _timestamp(mark.found_at),
+            _describe(location),
+        )
+
+    def _drop_stale_marks(self) -> None:
+        """Remove the marks of copies the index no longer points to (a compaction moved a
+        copy that had been found bad and checked out when copied, say): at the end of each
+        scrub pass."""
+        with self._lock:
+            stale = [
+                key
+                for key, mark in self._marks.items()
+                if self._index.location(*key) != mark.location
+            ]
+            if not stale:
+                return
+            batch = self._index.batch()
+            for ledger_id, entry_id in stale:
+                batch.delete_corrupt(ledger_id, entry_id)
+            self._index.write(batch)
+            for key in stale:
+                del self._marks[key]
+
+    def _report(self, found: list[tuple[LedgerId, int]]) -> None:
+        """Tell `on_corrupt` of newly marked entries, a ledger at a time."""
+        if not found or self._on_corrupt is None:
+            return
+        by_ledger: dict[LedgerId, list[int]] = defaultdict(list)
+        for ledger_id, entry_id in found:
+            by_ledger[ledger_id].append(entry_id)
+        for ledger_id, entry_ids in sorted(by_ledger.items()):
+            self._on_corrupt(ledger_id, sorted(entry_ids))
 
     # -- maintenance (one worker thread) --------------------------------------------
 
@@ -539,9 +814,15 @@ class LedgerStorage:
                     batch.put_journal_mark(journal_mark)
                     if limbo is not None:
                         batch.put_limbo_ledgers(limbo)
+                    # A copy written over a corrupt one ends its mark, in the same batch.
+                    replaced = [key for key in self._marks if flushing.get(*key) is not None]
+                    for ledger_id, entry_id in replaced:
+                        batch.delete_corrupt(ledger_id, entry_id)
                     self._index.write(batch)
                     for ledger_id, ledger_totals in totals.items():
                         _with_totals(self._states[ledger_id], ledger_totals)
+                    for key in replaced:
+                        del self._marks[key]
                     self._flushing = None
             except BaseException:
                 with self._lock:
@@ -636,6 +917,8 @@ class LedgerStorage:
                     self._limbo.discard(ledger_id)
                     batch.put_limbo_ledgers(self._limbo)
                 self._index.write(batch)
+                for key in [key for key in self._marks if key[0] == ledger_id]:
+                    del self._marks[key]
                 self._cache.drop_ledger(ledger_id)
                 self._states.pop(ledger_id, None)
                 self._dirty.discard(ledger_id)
@@ -662,6 +945,8 @@ class LedgerStorage:
                 usage: dict[UsageKey, int] = defaultdict(int)
                 for entry_id in wanted:
                     location = self._index.location(ledger_id, entry_id)
+                    if (ledger_id, entry_id) in self._marks:
+                        batch.delete_corrupt(ledger_id, entry_id)
                     if location is not None:
                         batch.delete_entry(ledger_id, entry_id)
                         count, size = count - 1, size - _entry_size(location)
@@ -673,6 +958,8 @@ class LedgerStorage:
                 batch.put_ledger_data(ledger_id, updated)
                 self._index.add_usage(batch, usage)
                 self._index.write(batch)
+                for entry_id in wanted:
+                    self._marks.pop((ledger_id, entry_id), None)
                 state.entry_count, state.byte_count = count, size
             self._index.sync()
             return len(forgotten)
@@ -703,8 +990,9 @@ class LedgerStorage:
 
     def close(self) -> None:
         """Close the files. No checkpoint: the bookie checkpoints first, with its mark. A
-        garbage collection still running stops at its next step."""
+        garbage collection or a scrub step still running stops at its next step."""
         self._compactor.stop()
+        self._scrubber.stop()
         with self._maintenance:
             try:
                 self._log.close()
@@ -797,3 +1085,13 @@ def _entry_size(location: Location | JournalLocation) -> int:
     if isinstance(location, JournalLocation):
         return location.size
     return location.size - RECORD_HEADER_SIZE
+
+
+def _describe(location: Location | JournalLocation) -> str:
+    if isinstance(location, JournalLocation):
+        return f"journal file {location.file_id:016x} at offset {location.offset}"
+    return f"entry log {location.log_id:08x} at offset {location.offset}"
+
+
+def _timestamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

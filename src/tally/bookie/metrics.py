@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
@@ -31,6 +32,7 @@ from tally.bookie.journal import JournalStats
 from tally.bookie.ledger_directories import LedgerDirectory
 from tally.bookie.ledger_storage import LedgerStorageStats
 from tally.core.compaction import FileKind
+from tally.core.receive_limits import ReceiveBudget
 
 _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -68,12 +70,46 @@ class BookieMetrics:
         self.read_only = Gauge(
             "bookie_read_only", "1 while the bookie refuses writes", registry=self.registry
         )
+        self.receive_buffer_bytes = Gauge(
+            "bookie_receive_buffer_bytes",
+            "Bytes held for frames begun and not yet complete, over all connections "
+            "(receive_buffer_limit_bytes at most)",
+            registry=self.registry,
+        )
+        self.receive_paused_connections = Gauge(
+            "bookie_receive_paused_connections",
+            "Connections not read until the receive budget has room for their frame",
+            registry=self.registry,
+        )
+        self.receive_stalled_connections = Counter(
+            "bookie_receive_stalled_connections",
+            "Connections closed because their unfinished frame got no byte for "
+            "receive_stall_timeout",
+            registry=self.registry,
+        )
+        self.journal_failed = Gauge(
+            "bookie_journal_failed",
+            "1 while the journal takes no records (a write failed; out of room, it is retried "
+            "in a new file every journal_retry_interval)",
+            registry=self.registry,
+        )
+        self.corrupt_entries_reported = Counter(
+            "bookie_corrupt_entries_reported",
+            "Entries newly marked corrupt here and handed to the bookie's on_corrupt hook, "
+            "which is to file their repair",
+            registry=self.registry,
+        )
         self.ledgers_in_limbo = Gauge(
             "bookie_ledgers_in_limbo",
             "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "
             "'unknown' for the entries it lacks until they are repaired",
             registry=self.registry,
         )
+
+    def watch_receive_budget(self, budget: ReceiveBudget[Any]) -> None:
+        """Read the receive budget's bytes held and waiters at scrape time."""
+        self.receive_buffer_bytes.set_function(lambda: budget.held)
+        self.receive_paused_connections.set_function(lambda: budget.waiting)
 
     def watch(
         self,
@@ -156,6 +192,12 @@ class _StorageCollector(Collector):
         yield CounterMetricFamily(
             "bookie_journal_bytes", "Bytes written to the journal", value=journal.bytes_written
         )
+        yield CounterMetricFamily(
+            "bookie_journal_write_failures",
+            "Journal failures: a write, fdatasync, preallocation or new file that failed and "
+            "stopped the journal, or a failed attempt to resume it in a new file",
+            value=journal.write_failures,
+        )
         # Quantiles of the journal's window of recent fdatasyncs. Not a summary: its count and
         # sum would shrink as the window slides, which Prometheus reads as counter resets.
         for q in (0.5, 0.99):
@@ -225,6 +267,52 @@ class _StorageCollector(Collector):
         yield failed
         yield ledgers
         yield from _gc_metrics(storage.gc)
+        yield from _scrub_metrics(storage)
+
+
+def _scrub_metrics(
+    storage: LedgerStorageStats,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The scrubber's figures (BookKeeper-like names), and the corrupt marks."""
+    scrub = storage.scrub
+    for name, what, value in (
+        (
+            "bookie_scrub_bytes",
+            "Bytes of entry logs and journal files read by the scrubber",
+            scrub.bytes,
+        ),
+        ("bookie_scrub_entries", "Entries read back and checked by the scrubber", scrub.entries),
+        (
+            "bookie_scrub_corrupt_entries",
+            "Entries the scrubber found corrupt (each pass that finds one counts it)",
+            scrub.corrupt,
+        ),
+        (
+            "bookie_scrub_unreadable_entries",
+            "Entries the scrubber could not read (an I/O error, a missing file): not marked",
+            scrub.unreadable,
+        ),
+        ("bookie_scrub_passes", "Scrub passes completed", scrub.passes),
+    ):
+        yield CounterMetricFamily(name, what, value=value)
+    yield GaugeMetricFamily(
+        "bookie_scrub_last_complete_pass_time_seconds",
+        "When the last complete scrub pass ended, seconds since the epoch (0: never)",
+        value=scrub.last_complete or 0.0,
+    )
+    yield GaugeMetricFamily(
+        "bookie_corrupt_entries",
+        "Entries whose copy here is marked corrupt (answered EntryCorrupt until replaced)",
+        value=storage.corrupt_entries,
+    )
+    marked = CounterMetricFamily(
+        "bookie_corrupt_entries_marked",
+        "Copies marked corrupt since the bookie started, by who found them",
+        labels=("found_by",),
+    )
+    for found_by, count in sorted(storage.corrupt_marked.items(), key=lambda item: item[0].value):
+        marked.add_metric((found_by.value,), count)
+    yield marked
 
 
 def _gc_metrics(

@@ -1,4 +1,4 @@
-"""Letting go of the page cache that the bookie's appends fill.
+"""Letting go of the page cache that the bookie's appends (and its scrubber's reads) fill.
 
 Journal and entry logs are written once and read back rarely (a journal only at replay,
 an entry log when an entry is read after its checkpoint). Left in the page cache, every
@@ -30,3 +30,10 @@ def drop_written(fd: int, start: int, end: int) -> None:
     if last > first:
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, first, last - first, os.POSIX_FADV_DONTNEED)
+
+
+def drop_range(fd: int, start: int, end: int) -> None:
+    """Drop the cached pages of `fd` that hold any of [start, end): bytes read once, by a
+    scan, that would otherwise push out pages the bookie reads again. Best effort."""
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)

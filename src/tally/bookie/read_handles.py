@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tally.bookie.page_cache import drop_range
+
 MAX_OPEN_FILES = 256
 
 
@@ -36,10 +38,15 @@ class ReadHandles:
         self._handles: OrderedDict[int, _Handle] = OrderedDict()
         self._gone: set[int] = set()
 
-    def pread(self, file_id: int, size: int, offset: int) -> bytes:
+    def pread(self, file_id: int, size: int, offset: int, *, drop: bool = False) -> bytes:
+        """`drop`: let go of the cached pages of what was read (a scan that reads each byte
+        once)."""
         handle = self._acquire(file_id)
         try:
-            return os.pread(handle.fd, size, offset)
+            data = os.pread(handle.fd, size, offset)
+            if drop:
+                drop_range(handle.fd, offset, offset + size)
+            return data
         finally:
             with self._lock:
                 handle.users -= 1

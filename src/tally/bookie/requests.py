@@ -27,6 +27,7 @@ from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
 from tally.core.disk_usage import DiskState
+from tally.core.entry_format import check_crc_digest
 from tally.core.errors import BadRequest, TallyError, WriteFailed
 from tally.core.ids import LedgerId
 
@@ -44,7 +45,7 @@ class BookieRequestProcessor:
     """Answers a started bookie's requests over its journal and ledger storage.
 
     `disk` is the bookie's mode, by which writes are admitted; the bookie's life cycle
-    sets it, and `on_io_error` hears of a journal write that failed.
+    sets it, and hears from the journal itself when a journal write fails.
     """
 
     def __init__(
@@ -57,7 +58,6 @@ class BookieRequestProcessor:
         *,
         keeps_entries: bool,
         max_frame_size: int,
-        on_io_error: Callable[[str], None],
     ) -> None:
         self.bookie_id = bookie_id
         self.journal = journal
@@ -67,7 +67,6 @@ class BookieRequestProcessor:
         self._keeps_entries = keeps_entries
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._max_frame_size = max_frame_size
-        self._io_error = on_io_error
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
 
     def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
@@ -136,8 +135,6 @@ class BookieRequestProcessor:
     ) -> None:
         if not isinstance(error, TallyError):
             error = WriteFailed(f"journal write failed: {error!r}")
-        if isinstance(error, WriteFailed):
-            self._io_error(str(error))
         self._fail(request, connection, error)
 
     def _journal_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
@@ -160,6 +157,7 @@ class BookieRequestProcessor:
             request.master_key,
             recovery=request.recovery,
         )
+        check_crc_digest(request.entry)  # refused before it is stored or journaled
         storage.add_entry(
             ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
         )

@@ -7,6 +7,10 @@ is replayed into ledger storage from the last checkpoint (the checkpoint loop wr
 replayed records out later, while the bookie serves); then the bookie serves, and only
 then registers, so no client finds it before it can answer. Its requests are answered by
 requests.py, over connections of connection.py.
+
+A journal that cannot write (its disk full at start-up or later) turns the bookie read-only,
+not down: it serves reads, and the disk check loop tries a new journal file until one fits
+(tally.core.disk_usage decides when, and what mode follows).
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ from prometheus_client import CollectorRegistry
 
 from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
-from tally.bookie.connection import BookieConnectionHandler
+from tally.bookie.connection import BookieConnectionHandler, close_stalled
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
-from tally.bookie.journal import Journal
+from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_directories import LedgerDirectories
@@ -37,6 +41,7 @@ from tally.bookie.ledger_placement import recorded_failures
 from tally.bookie.limbo import LimboWatch, describe
 from tally.bookie.metrics import BookieMetrics
 from tally.bookie.requests import BookieRequestProcessor
+from tally.bookie.scrubber_service import ScrubberService, ScrubberServices
 from tally.core import protocol
 from tally.core.addresses import join_host_port, split_host_port
 from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
@@ -48,6 +53,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
+from tally.core.receive_limits import ReceiveBudget
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
@@ -85,6 +91,8 @@ class Bookie:
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
         self._gc: GarbageCollector | None = None
+        self._scrubber: ScrubberServices | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._limbo: LimboWatch | None = None
         self._probe_wanted = asyncio.Event()
         """Set by an error that asks for a probe of a ledger directory: the disk check
@@ -102,10 +110,16 @@ class Bookie:
         """Whether it stopped because its metadata store session was lost, not on request."""
         self._registered: tuple[BookieMode, tuple[str, ...]] | None = None
         """The mode and failed ledger directories of the registration in the store."""
+        self._registering = asyncio.Lock()
         retained = min(2 * config.write_cache_max_bytes, MAX_RETAINED_ARENA_BYTES)
         self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
         """Shared by the connections. The write cache holds views of them (large entries)
         and lets go of about its size at each checkpoint, while as much again arrives."""
+        self.receive_budget: ReceiveBudget[BookieConnectionHandler] = ReceiveBudget(
+            config.receive_buffer_limit_bytes
+        )
+        """What the connections' unfinished frames may hold, together."""
+        self.metrics.watch_receive_budget(self.receive_budget)
 
     @property
     def journal(self) -> Journal:
@@ -121,6 +135,11 @@ class Bookie:
     def garbage_collector(self) -> GarbageCollector:
         assert self._gc is not None, "bookie not started"
         return self._gc
+
+    @property
+    def scrubber(self) -> ScrubberServices:
+        assert self._scrubber is not None, "bookie not started"
+        return self._scrubber
 
     @property
     def disk(self) -> DiskState:
@@ -144,7 +163,7 @@ class Bookie:
         cluster = await require_cluster(self._store, uri=config.metadata)
 
         host, port = split_host_port(config.listen, port_zero=True)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._new_connection,
             host,
@@ -173,6 +192,7 @@ class Bookie:
             log_size_limit=config.entry_log_size_limit,
             direct_io=config.direct_io,
             gc=config.gc_settings,
+            on_corrupt=self._corrupt_found,
             on_failure=lambda *failure: _call_soon(loop, self._directory_failed, *failure),
             on_unclear_error=lambda: _call_soon(loop, self._probe_wanted.set),
         )
@@ -192,16 +212,21 @@ class Bookie:
             max_batch_delay=config.journal_max_batch_delay,
             max_batch_bytes=config.journal_max_batch_bytes,
             direct_io=config.direct_io,
+            on_failure=self._journal_failed,
+        )
+        policy = DiskPolicy(
+            config.disk_usage_threshold,
+            config.disk_usage_lwm_threshold,
+            config.journal_retry_interval,
         )
         self._requests = BookieRequestProcessor(
             self.bookie_id,
             self._journal,
             self._storage,
             self.metrics,
-            DiskState(DiskPolicy(config.disk_usage_threshold, config.disk_usage_lwm_threshold)),
+            DiskState(policy),
             keeps_entries=keep,
             max_frame_size=config.max_frame_size,
-            on_io_error=self._io_error,
         )
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
@@ -246,11 +271,27 @@ class Bookie:
             checkpoint=lambda: asyncio.to_thread(self._checkpoint_now),
             metrics=GcMetrics(self.metrics.registry),
         )
+        self._scrubber = ScrubberServices(
+            {
+                name: ScrubberService(
+                    storage,
+                    self.bookie_id,
+                    config.scrub_policy,
+                    disk_bytes=_disk_size(path),
+                )
+                for name, path, storage in self.storage.storages()
+            }
+        )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
             asyncio.create_task(self._disk_loop(), name="disk-check"),
             asyncio.create_task(limbo.run(), name="limbo"),
             asyncio.create_task(self._gc.run(), name="gc"),
+            asyncio.create_task(
+                close_stalled(self._connections, config.receive_stall_timeout),
+                name="receive-stalls",
+            ),
+            asyncio.create_task(self._scrubber.run(), name="scrub"),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",
@@ -265,7 +306,7 @@ class Bookie:
         assert self._requests is not None, "bookie not started"
         reader = protocol.RequestReader(self.config.max_frame_size, self.receive_arenas)
         return BookieConnectionHandler(
-            self._requests.dispatch, reader, self._connections, self.metrics
+            self._requests.dispatch, reader, self._connections, self.metrics, self.receive_budget
         )
 
     def _replay(self) -> int:
@@ -347,6 +388,27 @@ class Bookie:
         self._stopped.set()
         log.info("bookie %s stopped", self.bookie_id)
 
+    def _corrupt_found(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
+        """Ledger storage marked entries corrupt (from a read, or the scrubber's thread):
+        `on_corrupt` hears of them on the event loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.on_corrupt, ledger_id, entry_ids)
+
+    def on_corrupt(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
+        """Entries of `ledger_id` whose copy here was found corrupt and marked: the hook for
+        their repair (issue 17, part 3), which is to file a repair request naming the
+        ledger, this bookie and the entries. For now the event is logged and counted."""
+        self.metrics.corrupt_entries_reported.inc(len(entry_ids))
+        log.error(
+            "bookie %s: %d entr%s of ledger %s found corrupt here and marked (%s); they need "
+            "a repair from another replica (reads answer EntryCorrupt until then)",
+            self.bookie_id,
+            len(entry_ids),
+            "y" if len(entry_ids) == 1 else "ies",
+            ledger_id.qualified_name,
+            _entry_list(entry_ids),
+        )
+
     def _session_lost(self) -> None:
         """Without a session the bookie's registration is gone: stop rather than serve
         unseen (a supervisor restarts it with a new session)."""
@@ -377,20 +439,24 @@ class Bookie:
         mark never covers something storage lacks."""
         with self._checkpointing:  # the loop's and the GC's: a mark never goes back
             mark = self.journal.last_mark()
+            if mark.file_id == 0:  # no journal file yet (a start on a full disk): no mark
+                return
             self.storage.checkpoint(mark.to_bytes())
             self.journal.release_before(mark, keep=self.storage.kept_journal_files())
 
     async def _disk_loop(self) -> None:
         """Check the disks (a probe of each ledger directory in service, then the usage),
-        and register the mode and failed ledger directories whenever they differ from the
-        registered ones: after a change here or after an I/O error, and again after a failed
-        attempt. An error that asks for a probe starts a check at once."""
+        try a new journal file when one is due, and register the mode and the failed ledger
+        directories whenever they differ from the registered ones: after a change here or
+        after an I/O error, and again after a failed attempt. An error that asks for a probe
+        starts a check at once."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._probe_wanted.wait(), self.config.disk_check_interval)
             self._probe_wanted.clear()
             await self._probe_ledger_dirs()
             self._refresh_disk_usage()
+            await self._retry_journal()
             try:
                 await self._register()
             except TallyError as error:
@@ -423,12 +489,14 @@ class Bookie:
         self.disk = self.disk.with_usage(used)
 
     def _directory_failed(self, name: str, reason: str, ledgers: list[LedgerId]) -> None:
-        """A ledger directory failed (the event loop): its storage is closed, the bookie
-        registers anew (its failed directories are in its registration), and the ledgers
-        placed again elsewhere are marked for repair. With none left in service the bookie
-        turns read-only."""
+        """A ledger directory failed (the event loop): its scrubber stops, the bookie
+        registers anew (its failed directories are in its registration), the ledgers placed
+        again elsewhere are marked for repair, and its storage is closed. With none left in
+        service the bookie turns read-only."""
         if self._stopping:
             return
+        if self._scrubber is not None:
+            self._scrubber.stop(name)
         if all(d.failed for d in self.storage.directories()):
             self._io_error(f"every ledger directory failed; the last, {name}: {reason}")
         self._after_failure(ledgers)
@@ -446,13 +514,65 @@ class Bookie:
         task.add_done_callback(self._failures.discard)
 
     def _io_error(self, description: str) -> None:
-        before = self.disk.mode
-        self.disk = self.disk.with_io_error(description)
-        if self.disk.mode is not before:
+        if self._change_disk(self.disk.with_io_error(description)):
             log.error("bookie %s is now read-only: %s", self.bookie_id, description)
-            asyncio.get_running_loop().create_task(self._register())
+
+    def _journal_failed(self, error: TallyError) -> None:
+        """The journal stopped taking records: read-only, serving reads, until a new journal
+        file is written and synced (`_retry_journal`)."""
+        self.metrics.journal_failed.set(1)
+        self._change_disk(self.disk.with_journal_failure(str(error), now=time.monotonic()))
+        log.error(
+            "bookie %s is read-only, serving reads: its journal %s (%s); %s (%s), and it turns "
+            "writable by itself at the first new journal file written (tried every %gs)",
+            self.bookie_id,
+            "is out of room" if out_of_space(error) else "failed",
+            error,
+            "free space on the journal's disk"
+            if out_of_space(error)
+            else "check the journal's disk",
+            self.config.journal_directory,
+            self.config.journal_retry_interval,
+        )
+
+    async def _retry_journal(self) -> None:
+        """Try a new journal file, if one is due while the journal cannot write."""
+        if not self.disk.journal_retry_due(time.monotonic()):
+            return
+        try:
+            await self.journal.resume()
+        except TallyError as error:
+            self._change_disk(self.disk.with_journal_failure(str(error), now=time.monotonic()))
+            log.warning(
+                "bookie %s: the journal still cannot write: %s; read-only, next try in %gs",
+                self.bookie_id,
+                error,
+                self.config.journal_retry_interval,
+            )
+            return
+        self.metrics.journal_failed.set(0)
+        self._change_disk(self.disk.with_journal_writing())
+        log.info(
+            "bookie %s: its journal writes again, in a new file; the bookie is %s (%s)",
+            self.bookie_id,
+            self.disk.mode.value,
+            self.disk.reason,
+        )
+
+    def _change_disk(self, state: DiskState) -> bool:
+        """Take the new state; register the mode anew if it changed (whether it did)."""
+        before = self.disk.mode
+        self.disk = state
+        if state.mode is before:
+            return False
+        asyncio.get_running_loop().create_task(self._register())
+        return True
 
     async def _register(self) -> None:
+        async with self._registering:  # a change's and the disk loop's: one write per change
+            await self._register_mode()
+
+    async def _register_mode(self) -> None:
         mode = self.disk.mode
         failed = tuple(sorted(self.storage.failed_directories()))
         if (mode, failed) == self._registered or self._registry is None:
@@ -523,6 +643,16 @@ def _server_ssl(config: BookieConfig) -> ssl.SSLContext | None:
         context.load_verify_locations(config.tls_client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _entry_list(entry_ids: list[int], shown: int = 20) -> str:
+    more = len(entry_ids) - shown
+    listed = ", ".join(str(entry_id) for entry_id in entry_ids[:shown])
+    return f"{listed} and {more} more" if more > 0 else listed
+
+
+def _disk_size(directory: Path) -> Callable[[], int]:
+    return lambda: shutil.disk_usage(directory).total
 
 
 def _used_fraction(directory: Path) -> float:

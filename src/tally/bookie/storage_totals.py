@@ -1,4 +1,5 @@
-"""Several ledger storages' figures as one: their counters for the bookie's metrics, and
+"""Several ledger storages' figures as one: their counters for the bookie's metrics (the
+last complete scrub pass is the oldest directory's last one: all have had one since), and
 their garbage collection reports of one run."""
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from tally.bookie.compactor import GcReport, GcStats
+from tally.bookie.index import FoundBy
 from tally.bookie.ledger_storage import LedgerStorageStats
+from tally.bookie.scrubber import ScrubStats
 from tally.core.compaction import CompactionKind
 
 
@@ -17,7 +20,8 @@ def summed(found: list[LedgerStorageStats]) -> LedgerStorageStats:
     total = {
         field.name: sum(getattr(stats, field.name) for stats in found)
         for field in dataclasses.fields(LedgerStorageStats)
-        if field.name not in ("gc", "checkpoints", "last_checkpoint_seconds")
+        if field.name
+        not in ("gc", "checkpoints", "last_checkpoint_seconds", "scrub", "corrupt_marked")
     }
     gc = GcStats(
         runs=max(stats.gc.runs for stats in found),
@@ -34,8 +38,24 @@ def summed(found: list[LedgerStorageStats]) -> LedgerStorageStats:
         ),
         last_files=tuple(f for stats in found for f in stats.gc.last_files),
     )
+    scrub = ScrubStats(
+        bytes=sum(stats.scrub.bytes for stats in found),
+        entries=sum(stats.scrub.entries for stats in found),
+        corrupt=sum(stats.scrub.corrupt for stats in found),
+        unreadable=sum(stats.scrub.unreadable for stats in found),
+        passes=sum(stats.scrub.passes for stats in found),
+        last_complete=None
+        if any(stats.scrub.last_complete is None for stats in found)
+        else min(stats.scrub.last_complete or 0.0 for stats in found),
+    )
+    corrupt_marked: dict[FoundBy, int] = defaultdict(int)
+    for stats in found:
+        for by, count in stats.corrupt_marked.items():
+            corrupt_marked[by] += count
     return LedgerStorageStats(
         **total,
+        scrub=scrub,
+        corrupt_marked=dict(corrupt_marked),
         checkpoints=max(stats.checkpoints for stats in found),
         last_checkpoint_seconds=max(stats.last_checkpoint_seconds for stats in found),
         gc=gc,

@@ -137,6 +137,7 @@ class Client:
             elif isinstance(outcome, BaseException):
                 raise outcome
         if self._context is not None:
+            await self._context.bad_copies.flush()
             await self._context.bookies.close()
             self._context = None
         if self._store is not None:

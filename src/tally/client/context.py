@@ -9,6 +9,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from tally.client.bad_copies import BadCopyReports
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
@@ -38,9 +39,11 @@ class ClientContext:
     policy: PlacementPolicy
     rng: random.Random = field(default_factory=random.Random)
     quarantine: BookieQuarantine = field(init=False)
+    bad_copies: BadCopyReports = field(init=False)
 
     def __post_init__(self) -> None:
         self.quarantine = BookieQuarantine(self.config.bookie_quarantine_time)
+        self.bad_copies = BadCopyReports(self.under_replication)
 
     def quarantined(self) -> frozenset[str]:
         return self.quarantine.active(time.monotonic())

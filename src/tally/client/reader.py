@@ -4,8 +4,9 @@ An entry is read from the first bookie of its write set; on an error, or when th
 is slow (the speculative read timeout), the next one is asked too, and the first copy
 whose digest verifies wins. One replica's NoSuchEntry is not final while another may
 have the entry. A copy that fails its digest, here or at the bookie's own end-to-end check
-(EntryUnreadable), is corruption at rest or on the wire: it is logged and counted, and the
-next replica serves the read.
+(EntryUnreadable), is corruption at rest or on the wire: it is logged and counted, the
+next replica serves the read, and once one did, the bad copies are filed for repair
+(bad_copies.py).
 """
 
 from __future__ import annotations
@@ -114,23 +115,29 @@ class EntryFetcher:
         bookies = list(metadata.write_set_bookies(entry_id))
         speculative = self.context.config.speculative_read_timeout
         errors: list[TallyError] = []
-        tasks: set[asyncio.Task[FetchedEntry]] = set()
+        bad: list[str] = []
+        tasks: dict[asyncio.Task[FetchedEntry], str] = {}
         remaining = list(bookies)
         try:
             while remaining or tasks:
                 if remaining:
                     bookie = remaining.pop(0)
-                    tasks.add(asyncio.create_task(self.read_from(metadata, bookie, entry_id)))
-                done, tasks = await asyncio.wait(
+                    tasks[asyncio.create_task(self.read_from(metadata, bookie, entry_id))] = bookie
+                done, _ = await asyncio.wait(
                     tasks,
                     timeout=speculative if remaining else None,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 for task in done:
+                    bookie = tasks.pop(task)
                     error = task.exception()
                     if error is None:
                         fetched = task.result()
+                        for holder in bad:  # a good copy proves the others bad, not the key
+                            self.context.bad_copies.report(self.ledger_id, holder, entry_id)
                         return LedgerEntry(entry_id, fetched.entry.payload)
+                    if isinstance(error, EntryUnreadable | BadDigest):
+                        bad.append(bookie)
                     errors.append(_as_tally_error(error))
         finally:
             for task in tasks:

@@ -30,8 +30,9 @@ from typing import Any
 
 from tally.client.context import ClientContext
 from tally.core.digest import mac_key, master_key
-from tally.core.entry_format import encode_entry
+from tally.core.entry_format import EntryFormat, decode_entry, encode_entry
 from tally.core.errors import (
+    BadDigest,
     BadRequest,
     IllegalOperation,
     LedgerClosed,
@@ -171,6 +172,7 @@ class LedgerWriter:
             data,
             metadata.digest_type,
             self._mac_key,
+            EntryFormat.V2,  # names its digest type: bookies check CRC digests on the way in
         )
         positions = self._pending.add(entry_id)
         self._entries[entry_id] = encoded
@@ -239,6 +241,22 @@ class LedgerWriter:
             assert isinstance(error, Exception)
             self._on_failure(entry_id, position, bookie, error)
 
+    def _corrupt_here(self, entry_id: int, error: BadDigest) -> bool:
+        """Whether a bookie refused the entry's digest because the writer's own copy is
+        corrupt (changed after it was digested): no bookie would take it, so the writer
+        fails rather than replace bookie after bookie."""
+        try:
+            decode_entry(self._entries[entry_id], self._record.metadata.digest_type, self._mac_key)
+        except BadDigest:
+            log.error(
+                "ledger %s entry %d changed in this writer after it was digested: %s",
+                self.ledger_id,
+                entry_id,
+                error,
+            )
+            return True
+        return False
+
     def _on_failure(self, entry_id: int, position: int, bookie: str, error: Exception) -> None:
         if self._settling:
             # A copy beyond AQ of a writer that closes: marked at its close, not replaced.
@@ -246,7 +264,9 @@ class LedgerWriter:
             self._take_under_replicated()
             self._wake_if_settled()
             return
-        if isinstance(error, _TERMINAL):
+        if isinstance(error, _TERMINAL) or (
+            isinstance(error, BadDigest) and self._corrupt_here(entry_id, error)
+        ):
             self._fail_all(error)
             return
         if position not in self._replace and self._ensemble[position] == bookie:

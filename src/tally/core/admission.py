@@ -16,7 +16,7 @@ import hmac
 from dataclasses import dataclass
 
 from tally.core.digest import MASTER_KEY_SIZE
-from tally.core.disk_usage import DiskState
+from tally.core.disk_usage import BookieMode, DiskState
 from tally.core.errors import (
     BadRequest,
     LedgerFenced,
@@ -51,10 +51,11 @@ class Admission:
 def admit_write(disk: DiskState, bookie_id: str, *, recovery: bool) -> None:
     """Refuse a write (an add, or the fence of a fencing read) on a read-only bookie, but
     let recovery's through while the journal still works: closing other writers' ledgers
-    must not stall on a full disk. After an I/O error the bookie writes nothing."""
-    if not disk.disk_full and disk.io_error is None:
+    must not stall on a full disk. After an I/O error, or while the journal is out of room,
+    the bookie writes nothing."""
+    if disk.mode is BookieMode.WRITABLE:
         return
-    if recovery and disk.io_error is None:
+    if recovery and disk.journal_writes:
         return
     raise WriteOnReadOnlyBookie(f"bookie {bookie_id} is read-only: {disk.reason}")
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import enum
 import hmac
 import struct
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from tally.core.digest import DigestType, compute
+from tally.core.digest import DigestType, compute, crc32c
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
 
@@ -188,6 +190,43 @@ def decode_entry(
         digest_type=digest_type,
         format=head.format,
     )
+
+
+def check_crc_digest(data: Buffer) -> None:
+    """Raise BadDigest unless the entry's CRC digest matches it, where a bookie can tell.
+
+    A bookie has no password for an HMAC digest, and a V1 entry does not say which digest
+    it carries; a V2 entry with a CRC32 or CRC32C digest it can check, and so it refuses an
+    entry corrupted at its source, after its writer digested it but before the frame's
+    CRC32C was computed, which every copy would otherwise hold (seed 002's white-box test).
+    It runs on every add: the flags byte alone decides, and the header is read in full
+    only to say what did not match.
+    """
+    if not data:
+        return
+    checked = _CHECKED.get(data[0])
+    if checked is None:
+        return
+    function, size = checked
+    view = data if type(data) is memoryview else memoryview(data)
+    digest_end = _V2_HEADER.size + size
+    if len(view) < digest_end:
+        raise MalformedData(f"a V2 entry of {len(view)} bytes; header and digest need {digest_end}")
+    value = function(view[digest_end:], function(view[: _V2_HEADER.size], 0))
+    if value.to_bytes(size, "big") != view[_V2_HEADER.size : digest_end]:
+        head = _peek_v2(view)
+        raise BadDigest(
+            f"{head.digest_type} digest mismatch in ledger {head.ledger_id} entry "
+            f"{head.entry_id}: its bytes changed after its writer digested them (at the "
+            "writer, or on the way)"
+        )
+
+
+_CHECKED: dict[int, tuple[Callable[[Buffer, int], int], int]] = {
+    _V2_FLAG | _V2_VERSION << 4 | DigestType.CRC32C: (crc32c, DigestType.CRC32C.size),
+    _V2_FLAG | _V2_VERSION << 4 | DigestType.CRC32: (zlib.crc32, DigestType.CRC32.size),
+}
+"""V2 flags bytes whose digest a bookie checks: the CRC function and the digest's size."""
 
 
 def _peek_v2(view: memoryview) -> EntryHeader:

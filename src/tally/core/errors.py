@@ -128,6 +128,14 @@ class EntryUnreadable(TallyError):
     code = 24
 
 
+class EntryCorrupt(EntryUnreadable):
+    """The bookie's stored copy of the entry failed its check (CRC32C, or a record that
+    names another entry): it is marked corrupt in the bookie's index, kept, and answered
+    as this until a good copy is written over it. Unknown, never missing, as its parent."""
+
+    code = 28
+
+
 class LedgerInLimbo(TallyError):
     """The bookie may have lost entries of this ledger (its journal was damaged) and cannot
     say whether it held this one: unknown, never `NoSuchEntry`, until it is repaired."""

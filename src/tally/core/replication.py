@@ -7,8 +7,10 @@ that holds entries and per ensemble position:
 - the bookie is lost (not registered, and named by the mark, or the mark names nobody):
   REPLACE it; a new bookie, which the placement policy picks, gets every entry of the
   position's write sets, and the segment's ensemble is changed once the copies are in;
-- the bookie is registered and its availability lacks entries of its write sets: FILL them,
-  copied back to the same bookie, with no metadata change;
+- the bookie is registered and its availability lacks entries of its write sets, or holds
+  copies of them known to be bad (the mark's `bad_copies`: a scrub, a read or a check found
+  them corrupt): FILL them, copied back to the same bookie over the bad copies, with no
+  metadata change;
 - otherwise nothing.
 
 A bookie that is not registered but not named by the mark is not yet declared lost (the
@@ -21,8 +23,9 @@ and close the ledger (issue 7, item 6).
 
 An entry is read from a bookie of its write set that holds it and written to every target
 at once (`SegmentRepair.entries`). It is lost only when every bookie of its write set is
-known not to have a readable copy: declared lost, lacking it in its availability, or
-answering NoSuchEntry or a corrupt copy. An absent bookie that is not declared lost, a
+known not to have a readable copy: declared lost, lacking it in its availability, holding
+a copy known to be bad, or answering NoSuchEntry or a corrupt copy. A bad copy is never a
+source. An absent bookie that is not declared lost, a
 timeout or any other error is unknown, never a loss (seed 003).
 
 Also here: the worker's repair schedule (per-ledger backoff, the open ledger's grace
@@ -176,15 +179,22 @@ def plan_replication(
     missing_bookies: Collection[str],
     registered: Collection[str],
     availability: Mapping[str, EntryAvailability],
+    bad_copies: Mapping[str, EntryAvailability] | None = None,
 ) -> ReplicationPlan:
     """The repairs of one ledger (see the module's docstring for the rules).
 
     `missing_bookies` is the mark's (empty: every unregistered bookie is lost);
     `registered` the writable and read-only bookies; `availability` what each bookie that
-    answered holds of the ledger, over the whole ledger.
+    answered holds of the ledger, over the whole ledger; `bad_copies` the entries whose
+    copies on a bookie are known to be bad and not yet written over.
     """
     registered = frozenset(registered)
     named = frozenset(missing_bookies)
+    if bad_copies:
+        availability = {
+            bookie: held.difference(bad_copies[bookie]) if bookie in bad_copies else held
+            for bookie, held in availability.items()
+        }
 
     def standing(bookie: str) -> Standing:
         if bookie in registered:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 from tally.bookie.config import BookieConfig
 from tally.bookie.garbage_collector import GarbageCollector, Orphan
 from tally.bookie.ledger_directories import LedgerDirectories
+from tally.bookie.scrubber_service import ScrubberServices
 from tally.client.client import Client
 from tally.core.disk_usage import DiskState
 from tally.core.errors import (
@@ -86,6 +87,8 @@ class LocalBookie(Protocol):
     def garbage_collector(self) -> GarbageCollector: ...
     @property
     def storage(self) -> LedgerDirectories: ...
+    @property
+    def scrubber(self) -> ScrubberServices: ...
 
 
 LedgerQuery = Annotated[str, Query(description="Ledger id (42) or qualified name (32 hex digits)")]
@@ -365,6 +368,45 @@ def create_app(
         )
         deleted = await collector.delete_orphans(wanted)
         return [str(found) for found in deleted]
+
+    @app.get("/api/v1/bookie/scrub", summary="This bookie's scrub passes")
+    async def scrub_status() -> Any:
+        """The schedule (interval, rate), the pass under way and the last complete ones,
+        newest first, each with its bytes, entries, and the corrupt and unreadable entries
+        it found; times are seconds since the epoch."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        return await asyncio.to_thread(bookie.scrubber.status)
+
+    @app.put("/api/v1/bookie/scrub", summary="Scrub this bookie now, at full speed")
+    async def trigger_scrub(
+        wait: Annotated[
+            bool, Query(description="Answer once the pass has ended, not once it started")
+        ] = False,
+    ) -> Any:
+        """A pass now at full speed (or the pass under way goes on at full speed); the
+        status, as GET gives it."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        return await bookie.scrubber.trigger(wait=wait)
+
+    @app.get(
+        "/api/v1/bookie/corrupt_entries",
+        summary="Entries whose copy on this bookie is marked corrupt",
+        responses=_documented(400),
+    )
+    async def corrupt_entries(
+        ledger_id: Annotated[
+            str | None, Query(description="Only this ledger's (id or qualified name)")
+        ] = None,
+    ) -> Any:
+        """Each entry found corrupt here (by the scrubber, a read or compaction) and not
+        replaced since, with when, by whom and where: what a repair writes over. Reads of
+        them answer EntryCorrupt."""
+        if bookie is None:
+            return _error(404, "NoBookie", "this process runs no bookie")
+        wanted = None if ledger_id is None else LedgerId.parse(ledger_id)
+        return await asyncio.to_thread(bookie.scrubber.corrupt_entries, wanted)
 
     @app.get(
         "/api/v1/autorecovery/list_under_replicated_ledger",

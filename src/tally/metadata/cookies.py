@@ -13,14 +13,18 @@ are the bytes stored, and equal cookies are equal bytes.
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tally.core.errors import BadRequest, CookieMismatch, KeyExists, NoSuchKey
+from tally.core.errors import BadRequest, CookieMismatch, KeyExists, MalformedData, NoSuchKey
 from tally.metadata import json_records
+from tally.metadata.key_ops import Watcher
 from tally.metadata.paths import COOKIES, check_bookie_id, cookie_path
-from tally.metadata.store import MetadataStore
+from tally.metadata.store import MetadataStore, WatchKind, join
+
+log = logging.getLogger(__name__)
 
 _KIND = "cookie"
 _FIELDS = frozenset({"bookie_id", "directories", "instance_id", "incarnation_id"})
@@ -140,3 +144,41 @@ class CookieManager:
     async def bookie_ids(self) -> list[str]:
         """Every bookie with a cookie: every bookie formatted for this cluster, up or down."""
         return await self.store.children(COOKIES)
+
+    async def incarnations(self) -> dict[str, str]:
+        """Every cookie's incarnation id by bookie id. A cookie that does not decode, or is
+        another bookie's, is logged and left out: its bookie's incarnation is unknown."""
+        names = await self.bookie_ids()
+        paths = [join(COOKIES, name) for name in names]
+        found: dict[str, str] = {}
+        for name, path, value in zip(names, paths, await self.store.get_many(paths), strict=True):
+            if value is None:
+                continue  # deleted meanwhile
+            try:
+                cookie = Cookie.from_bytes(value.data, f"cookie {path}")
+            except MalformedData as error:
+                log.error("%s; bookie %s's incarnation is unknown", error, name)
+                continue
+            if cookie.bookie_id != name:
+                log.error(
+                    "cookie %s is bookie %s's; bookie %s's incarnation is unknown",
+                    path,
+                    cookie.bookie_id,
+                    name,
+                )
+                continue
+            found[name] = cookie.incarnation_id
+        return found
+
+    async def watch_incarnations(
+        self, callback: Callable[[dict[str, str]], object]
+    ) -> Watcher[dict[str, str]]:
+        """Call `callback` with `incarnations()` now and whenever a cookie is created or
+        deleted (a bookie formatted anew, or an operator's delete)."""
+        return await Watcher.start(
+            self.store,
+            [(COOKIES, WatchKind.CHILDREN)],
+            self.incarnations,
+            callback,
+            "the bookies' cookies",
+        )

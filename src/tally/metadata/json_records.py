@@ -113,6 +113,16 @@ class Record:
             raise MalformedData(f"{self.source}: field {name!r} holds an item that is no pair")
         return tuple((first, second) for first, second in values)
 
+    def pairs_by_text(self, name: str) -> dict[str, tuple[tuple[int, int], ...]]:
+        """An object of non-empty strings to lists of [int, int] pairs."""
+        values: dict[str, Any] = self._take(name, dict, "an object of pair lists")
+        found = {}
+        for key, pairs in values.items():
+            if not key:
+                raise MalformedData(f"{self.source}: field {name!r} holds an empty key")
+            found[key] = Record({key: pairs}, f"{self.source} {name}").integer_pairs(key)
+        return found
+
 
 def decode(data: bytes, kind: str, fields: frozenset[str], source: str) -> Record:
     """The record of `kind` in `data`, whose fields must be exactly `fields`."""

@@ -19,6 +19,8 @@ BookKeeper's layout, with each kind of key under a root of its own::
     /underreplication/lost_bookie_recovery_delay
     /underreplication/checks/<check>       last run of each periodic auditor check
     /underreplication/audit_request        an operator's request for an audit now
+    /underreplication/incarnations/<bookie id>
+                                           the incarnation the auditor last knew a bookie by
     /underreplication/lost/...             entries no copy is left of, split as /ledgers is
     /underreplication/lost-scoped/...      ... and as /ledgers-scoped is
     /auditor/vote-<sequence>               ephemeral sequential auditor election votes
@@ -62,6 +64,7 @@ REPLICATION_DISABLED = "/underreplication/disabled"
 LOST_BOOKIE_RECOVERY_DELAY = "/underreplication/lost_bookie_recovery_delay"
 CHECKS = "/underreplication/checks"
 AUDIT_REQUEST = "/underreplication/audit_request"
+INCARNATIONS = "/underreplication/incarnations"
 LOST_ENTRIES = "/underreplication/lost"
 AUDITOR = "/auditor"
 AUDITOR_VOTE_PREFIX = "/auditor/vote-"
@@ -188,6 +191,7 @@ ROOTS = (
     UNDERREPLICATED_LEDGERS + SCOPED_SUFFIX,
     LOCKS,
     CHECKS,
+    INCARNATIONS,
     LOST_ENTRIES,
     LOST_ENTRIES + SCOPED_SUFFIX,
     AUDITOR,
@@ -224,6 +228,10 @@ def rack_path(bookie_id: str) -> str:
 
 def cookie_path(bookie_id: str) -> str:
     return join(COOKIES, check_bookie_id(bookie_id))
+
+
+def incarnation_path(bookie_id: str) -> str:
+    return join(INCARNATIONS, check_bookie_id(bookie_id))
 
 
 def lock_path(ledger_id: LedgerId) -> str:

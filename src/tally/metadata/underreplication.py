@@ -22,9 +22,10 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
+from tally.core.availability import EntryAvailability
 from tally.core.errors import (
     BadRequest,
     KeyExists,
@@ -34,6 +35,7 @@ from tally.core.errors import (
     SessionExpired,
 )
 from tally.core.ids import LedgerId
+from tally.core.replication import entry_ranges
 from tally.metadata import json_records
 from tally.metadata.key_ops import Watcher, delete_if_present, put, watch_value
 from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
@@ -51,7 +53,7 @@ from tally.metadata.store import Delete, MetadataStore, Versioned, WatchKind
 log = logging.getLogger(__name__)
 
 _MARK_KIND = "under-replicated"
-_MARK_FIELDS = frozenset({"missing_bookies", "first_marked_ms"})
+_MARK_FIELDS = frozenset({"missing_bookies", "first_marked_ms", "bad_copies"})
 _DELAY_KIND = "lost-bookie-recovery-delay"
 _DELAY_FIELDS = frozenset({"seconds"})
 _CHECK_KIND = "auditor-check"
@@ -82,6 +84,9 @@ class UnderReplicatedLedger:
     first_marked_ms: int
     """When the ledger was first marked; re-marks keep it."""
     version: int
+    bad_copies: Mapping[str, EntryAvailability] = field(default_factory=dict)
+    """Per bookie, entries whose copies there were found bad (corrupt, unreadable): a repair
+    writes a verified copy over each (issue 17)."""
 
 
 @dataclass(frozen=True)
@@ -119,21 +124,53 @@ def _check_bookies(bookies: Iterable[str]) -> frozenset[str]:
     return found
 
 
-def _encode_mark(missing: frozenset[str], first_marked_ms: int) -> bytes:
-    return json_records.encode(
-        _MARK_KIND, {"missing_bookies": sorted(missing), "first_marked_ms": first_marked_ms}
-    )
+def _encode_mark(
+    missing: frozenset[str], first_marked_ms: int, bad_copies: Mapping[str, EntryAvailability]
+) -> bytes:
+    fields: dict[str, object] = {
+        "missing_bookies": sorted(missing),
+        "first_marked_ms": first_marked_ms,
+    }
+    if bad_copies:
+        fields["bad_copies"] = {
+            bookie: [list(pair) for pair in entry_ranges(entries)]
+            for bookie, entries in sorted(bad_copies.items())
+        }
+    return json_records.encode(_MARK_KIND, fields)
 
 
 def _decode_mark(ledger_id: LedgerId, found: Versioned) -> UnderReplicatedLedger:
     source = f"under-replication mark of ledger {ledger_id}"
     record = json_records.decode(found.data, _MARK_KIND, _MARK_FIELDS, source)
+    bad = record.pairs_by_text("bad_copies") if "bad_copies" in record.names else {}
     return UnderReplicatedLedger(
         ledger_id,
         frozenset(record.texts("missing_bookies")),
         record.integer("first_marked_ms"),
         found.version,
+        {bookie: _entries_of(bookie, ranges, source) for bookie, ranges in bad.items()},
     )
+
+
+def _entries_of(bookie: str, ranges: tuple[tuple[int, int], ...], source: str) -> EntryAvailability:
+    try:
+        checked = _check_ranges(ranges)
+    except BadRequest as e:
+        raise MalformedData(f"{source}: bad copies on {bookie}: {e}") from None
+    entries = EntryAvailability.empty()
+    for first, last in checked:
+        entries = entries.union(EntryAvailability.span(first, last))
+    return entries
+
+
+def _merged_copies(
+    *maps: Mapping[str, EntryAvailability],
+) -> dict[str, EntryAvailability]:
+    merged: dict[str, EntryAvailability] = {}
+    for bad in maps:
+        for bookie, entries in bad.items():
+            merged[bookie] = merged[bookie].union(entries) if bookie in merged else entries
+    return {bookie: entries for bookie, entries in merged.items() if entries}
 
 
 def _decode_delay(data: bytes) -> int:
@@ -183,14 +220,27 @@ class UnderReplicationManager:
     # -- marks ---------------------------------------------------------------------------
 
     async def mark_under_replicated(
-        self, ledger_id: LedgerId, missing_bookies: Iterable[str], *, now_ms: int | None = None
+        self,
+        ledger_id: LedgerId,
+        missing_bookies: Iterable[str],
+        *,
+        bad_copies: Mapping[str, Iterable[int]] | None = None,
+        now_ms: int | None = None,
     ) -> UnderReplicatedLedger:
-        """Mark the ledger, or merge `missing_bookies` into its mark; the mark as stored.
+        """Mark the ledger, or merge `missing_bookies` (and `bad_copies`: per bookie, entries
+        whose copies there are bad) into its mark; the mark as stored.
 
         A mark that does not decode is replaced (and the replacement logged), so a corrupt
         mark never blocks the ledger's repair.
         """
         missing = _check_bookies(missing_bookies)
+        bad = _merged_copies(
+            {
+                bookie: EntryAvailability.from_entries(entries)
+                for bookie, entries in (bad_copies or {}).items()
+            }
+        )
+        _check_bookies(bad)
         path = UNDER_REPLICATION_MARKS.path(ledger_id)
         marked_ms = _now_ms() if now_ms is None else now_ms
         while True:
@@ -198,23 +248,31 @@ class UnderReplicationManager:
                 found = await self.store.get(path)
             except NoSuchKey:
                 try:
-                    await create_with_parents(self.store, path, _encode_mark(missing, marked_ms))
+                    await create_with_parents(
+                        self.store, path, _encode_mark(missing, marked_ms, bad)
+                    )
                 except KeyExists:
                     continue  # marked meanwhile: merge into that
-                return UnderReplicatedLedger(ledger_id, missing, marked_ms, 0)
+                return UnderReplicatedLedger(ledger_id, missing, marked_ms, 0, bad)
             try:
                 current = _decode_mark(ledger_id, found)
                 merged, first = current.missing_bookies | missing, current.first_marked_ms
+                merged_bad = _merged_copies(current.bad_copies, bad)
             except MalformedData as e:
                 log.error("replacing an unreadable mark: %s", e)
-                current, merged, first = None, missing, marked_ms
-            if current is not None and merged == current.missing_bookies:
+                current, merged, first, merged_bad = None, missing, marked_ms, bad
+            if current is not None and (merged, merged_bad) == (
+                current.missing_bookies,
+                current.bad_copies,
+            ):
                 return current
             try:
-                stat = await self.store.set(path, _encode_mark(merged, first), found.version)
+                stat = await self.store.set(
+                    path, _encode_mark(merged, first, merged_bad), found.version
+                )
             except (MetadataVersionConflict, NoSuchKey):
                 continue  # re-marked or repaired meanwhile: start over
-            return UnderReplicatedLedger(ledger_id, merged, first, stat.version)
+            return UnderReplicatedLedger(ledger_id, merged, first, stat.version, merged_bad)
 
     async def under_replicated(self, ledger_id: LedgerId) -> UnderReplicatedLedger | None:
         """The ledger's mark, or None when it is not marked."""

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import typer
 
-from tally.cli.shell import autorecovery, bookies, cookies, deletes, gc, ledgers, simpletest
+from tally.cli.shell import (
+    autorecovery,
+    bookies,
+    cookies,
+    deletes,
+    gc,
+    ledgers,
+    scrub,
+    simpletest,
+)
 from tally.cli.shell.common import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -55,6 +64,7 @@ app.command("recover")(ledgers.recover_ledger)
 app.command("simpletest")(simpletest.simple_test)
 app.command("triggergc")(gc.trigger_gc)
 app.command("gcstatus")(gc.gc_status)
+app.command("scrub")(scrub.scrub)
 app.command("whoisauditor")(autorecovery.who_is_the_auditor)
 app.command("listunderreplicated")(autorecovery.list_under_replicated)
 app.command("triggeraudit")(autorecovery.trigger_audit)

@@ -121,7 +121,8 @@ def cookie_update(
 
 
 def cookie_delete(bookie: Bookie, force: Force = False, metadata: Metadata = None) -> None:
-    """Delete a stopped bookie's cookie (it formats anew at its next start)."""
+    """Delete a stopped bookie's cookie (it formats anew at its next start, a new
+    incarnation whose ledgers the auditor marks under-replicated)."""
     if not force:
         raise fail(
             f"refusing to delete the cookie of bookie {bookie} without --force",
@@ -140,4 +141,7 @@ def cookie_delete(bookie: Bookie, force: Force = False, metadata: Metadata = Non
             raise fail(f"bookie {bookie} has no cookie in this cluster", EXIT_NOT_FOUND) from None
 
     with_store(metadata, delete)
-    typer.echo(f"deleted the cookie of bookie {bookie}")
+    typer.echo(
+        f"deleted the cookie of bookie {bookie}: at its next start it formats anew, and the "
+        "auditor marks its ledgers under-replicated"
+    )

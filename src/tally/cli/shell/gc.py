@@ -1,62 +1,17 @@
 """`triggergc`, `gcstatus` and `gc orphans`: a bookie's garbage collection, through the
-admin HTTP app each bookie serves (its `metrics_port`), found from its registration."""
+admin HTTP app each bookie serves (bookie_admin.py)."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Annotated, Any
 
 import typer
 
 from tally.cli.options import Metadata
 from tally.cli.shell import output
-from tally.cli.shell.common import EXIT_FAILED, EXIT_NOT_FOUND, Json, fail, with_store
-from tally.core.addresses import join_host_port, split_host_port
-from tally.metadata.views import bookie_views
-
-HTTP_TIMEOUT = 600.0
-"""Seconds a GC run may take before the command gives up waiting (it goes on)."""
-
-OptionalBookie = Annotated[
-    str | None,
-    typer.Option("--bookie", help="Bookie id (host:port); every registered bookie without it."),
-]
-
-
-def _admin_urls(metadata: str | None, bookie: str | None) -> dict[str, str]:
-    """Each wanted bookie's admin HTTP base URL, by bookie id."""
-    views = with_store(metadata, bookie_views)
-    if bookie is not None:
-        views = [view for view in views if view["bookie_id"] == bookie]
-        if not views:
-            raise fail(f"bookie {bookie} is not registered (is it running?)", EXIT_NOT_FOUND)
-    urls = {}
-    for view in views:
-        if view["http_port"] is None:
-            raise fail(
-                f"bookie {view['bookie_id']} serves no admin HTTP; start it with a "
-                "metrics_port to run its garbage collection from here",
-                EXIT_FAILED,
-            )
-        host, _ = split_host_port(view["address"])
-        urls[view["bookie_id"]] = f"http://{join_host_port(host, view['http_port'])}"
-    return urls
-
-
-def _call(bookie_id: str, method: str, url: str) -> Any:
-    request = urllib.request.Request(url, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:
-            return json.load(answer)
-    except urllib.error.HTTPError as error:
-        raise fail(
-            f"bookie {bookie_id}: {method} {url} answered {error.code}", EXIT_FAILED
-        ) from None
-    except OSError as error:
-        raise fail(f"bookie {bookie_id}: cannot reach {url}: {error}", EXIT_FAILED) from None
+from tally.cli.shell.bookie_admin import OptionalBookie, admin_urls, call
+from tally.cli.shell.common import Json
 
 
 def _summary(run: dict[str, Any]) -> str:
@@ -86,8 +41,8 @@ def trigger_gc(
 ) -> None:
     """Run garbage collection now on a bookie (or every bookie) and say what it did."""
     runs = {
-        bookie_id: _call(bookie_id, "PUT", f"{url}/api/v1/bookie/gc")
-        for bookie_id, url in _admin_urls(metadata, bookie).items()
+        bookie_id: call(bookie_id, "PUT", f"{url}/api/v1/bookie/gc")
+        for bookie_id, url in admin_urls(metadata, bookie).items()
     }
     if json_output:
         output.print_json(runs)
@@ -101,8 +56,8 @@ def gc_status(
 ) -> None:
     """The last garbage collection runs of a bookie (or every bookie), newest first."""
     details = {
-        bookie_id: _call(bookie_id, "GET", f"{url}/api/v1/bookie/gc_details")
-        for bookie_id, url in _admin_urls(metadata, bookie).items()
+        bookie_id: call(bookie_id, "GET", f"{url}/api/v1/bookie/gc_details")
+        for bookie_id, url in admin_urls(metadata, bookie).items()
     }
     if json_output:
         output.print_json(details)
@@ -125,12 +80,12 @@ def gc_orphans(
 ) -> None:
     """List the ledgers a bookie holds with neither metadata nor tombstone; --delete
     deletes them. Without --delete nothing changes (a dry run)."""
-    ((bookie_id, url),) = _admin_urls(metadata, bookie).items()
-    orphans = _call(bookie_id, "GET", f"{url}/api/v1/bookie/gc/orphans")
+    ((bookie_id, url),) = admin_urls(metadata, bookie).items()
+    orphans = call(bookie_id, "GET", f"{url}/api/v1/bookie/gc/orphans")
     deleted = None
     if delete and orphans:
         listed = urllib.parse.urlencode([("ledger_id", o["ledger_id"]) for o in orphans])
-        deleted = _call(bookie_id, "DELETE", f"{url}/api/v1/bookie/gc/orphans?{listed}")
+        deleted = call(bookie_id, "DELETE", f"{url}/api/v1/bookie/gc/orphans?{listed}")
     elif delete:
         deleted = []
     if json_output:

@@ -83,6 +83,14 @@ class FrameReader(ABC, Generic[_Message]):
         """Bytes of an incomplete frame; non-zero at end of stream means it was cut short."""
         return self._end - self._start
 
+    @property
+    def unfinished_frame_size(self) -> int:
+        """The length of the frame begun and not complete, once its prefix is in (what
+        `get_buffer` makes room for); 0 before that and between frames."""
+        if self._end - self._start < LENGTH.size:
+            return 0
+        return int(LENGTH.unpack_from(self._arena, self._start)[0])
+
     def get_buffer(self) -> memoryview:
         """Where to receive the next bytes: at least MIN_RECEIVE of room, and room for the
         whole of the frame begun, so that it lies in one piece."""

@@ -1,0 +1,644 @@
+"""The bookie's scrubber: every entry its index holds read back from disk and checked, a step
+at a time, so that bit rot is found before a read or a recovery needs the copy.
+
+Nothing else looks at the bytes: the index says an entry is there, the replicas check and
+the audit compare indexes, and a rotten copy shows only when it is read (EntryCorrupt).
+
+A pass reads the files, not the index, so that it reads each disk sequentially: the entry
+logs in id order, then the journal files that keep entries (kept_location), the one of the
+last checkpoint's mark up to the mark (the records after it are not indexed yet). The files
+are those of when the pass started (the log being written up to what is flushed when the
+pass reaches it): later ones are the next pass's, so a pass under a write load ends.
+
+A step reads the next stretch of the current file (large reads, past the page cache) and
+parses its records; each record whose entry the index points at, exactly there, is checked
+as a read checks it: its header names the ledger, the entry and the size the index holds
+(true by the look-up), and its bytes match their stored CRC32C, the client's, end to end.
+Records the index does not point at are garbage (replaced, deleted, moved by compaction):
+skipped. Journal files are parsed as replay parses them.
+
+The index and the file must agree both ways: every entry the index places in a file must
+be found there. The index counts, per file, the bytes of each ledger's entries in it (the
+`usage` counts, compactor.py), never too few; a file read through gives each ledger's bytes
+found. Where a ledger still in the index has more counted than found (a record whose header
+or length rotted, so that the parse missed it or lost its way, or an index entry pointing
+at no record), each of its entries that the index places in the file and the scan did not
+find is read where the index points and checked (in a file still written, those before
+where the scan got to). The files written before usage was counted are read without that
+check.
+
+A record that fails is not called corrupt yet: ledger storage (`settle`) looks the entry up
+again, under its lock. If the index no longer points at that record, the entry was moved by
+compaction (which checked the bytes it copied), replaced by a re-add (checked on arrival)
+or deleted since it was looked up: not corrupt. Only a copy that still fails where the
+index still points is marked corrupt (ledger storage keeps the marks). A record that
+passes while marked corrupt is unmarked.
+
+Each step writes the pass under way and where it reached to the index; a restart goes on
+from there (what was found in that file is in memory only: its counts are not compared). A
+complete pass is kept (the last `KEPT_PASSES`), durably, with its figures: the next is due
+an interval after it ended (tally.core.scrub decides when, and at what rate;
+scrubber_service.py runs the steps).
+
+Threads: `step` runs in a worker thread, one at a time; reads, adds, checkpoints and
+compaction go on meanwhile (it takes no lock of ledger storage but the short one, in
+`settle`). `stop` (the storage closing) waits for a step under way to end at its next read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import itertools
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+from tally.bookie.compactor import yielding
+from tally.bookie.direct_io import ALIGNMENT
+from tally.bookie.entry_log import (
+    FILE_HEADER_SIZE,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    EntryLog,
+    Location,
+    log_file_name,
+)
+from tally.bookie.index import FileKey, Index, ScrubProgress
+from tally.bookie.journal_entries import (
+    ENTRY_HEAD,
+    KEPT_ENTRY_SIZE,
+    JournalEntries,
+    JournalLocation,
+    RecordType,
+    kept_location,
+)
+from tally.bookie.journal_format import HEADER_SIZE, JournalMark, file_name, scan_records
+from tally.bookie.page_cache import drop_range
+from tally.core.compaction import FileKind
+from tally.core.digest import crc32c
+from tally.core.errors import EntryCorrupt, EntryUnreadable, IllegalOperation
+from tally.core.ids import LedgerId
+from tally.core.scrub import ScrubPass, ScrubTrigger
+
+log = logging.getLogger(__name__)
+
+KEPT_PASSES = 16
+"""Complete passes the index keeps, for `tally shell scrub`."""
+YIELD_AFTER = 0.002
+"""Seconds of checking between two chances for the bookie's other threads to take the GIL
+(compactor.yielding): longer than compaction's, since a scheduled step is shorter than
+this (the rate bounds it) and a pass at full speed is an operator's choice, whose speed
+each `sleep(0)` costs on a busy machine."""
+READ_BYTES = 4 << 20
+"""Bytes of an entry log read at once at most (a larger record is read in pieces)."""
+
+
+class Verdict(enum.Enum):
+    """What a copy turned out to be, once ledger storage looked the entry up again."""
+
+    HEALTHY = "healthy"
+    """Moved, replaced or deleted since: the copy the index points to now is not this one."""
+    CORRUPT = "corrupt"
+    """Marked corrupt (now, or it already was)."""
+    UNREADABLE = "unreadable"
+
+
+Settle = Callable[[LedgerId, int, Location | JournalLocation, bool, str], Verdict]
+"""settle(ledger, entry, location, corrupt, problem): a copy at `location` failed, corrupt
+(its check) or not (an I/O error), for `problem`; ledger storage says what it is."""
+Verified = Callable[[LedgerId, int, Location | JournalLocation], None]
+"""verified(ledger, entry, location): the copy at `location` passed its check."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubStep:
+    """What one step did, and the pass it belongs to afterwards (complete if it ended)."""
+
+    scrub: ScrubPass
+    bytes: int
+    entries: int
+    corrupt: int
+    unreadable: int
+
+
+@dataclass(slots=True)
+class ScrubStats:
+    """Totals since the storage was opened, for the bookie's metrics."""
+
+    bytes: int = 0
+    entries: int = 0
+    corrupt: int = 0
+    """Copies found corrupt by the scrubber (each time a pass finds one)."""
+    unreadable: int = 0
+    passes: int = 0
+    last_complete: float | None = None
+    """When the last complete pass ended (kept across restarts)."""
+
+    def copy(self) -> ScrubStats:
+        return ScrubStats(
+            self.bytes,
+            self.entries,
+            self.corrupt,
+            self.unreadable,
+            self.passes,
+            self.last_complete,
+        )
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a step did so far."""
+
+    bytes: int = 0
+    entries: int = 0
+    corrupt: int = 0
+    unreadable: int = 0
+
+
+@dataclass(slots=True)
+class _Found:
+    """The entries the scan of one file found where the index places them: their bytes by
+    ledger, and their ids as runs (a checkpoint writes each ledger's entries together).
+    Ledgers are keyed by (scope, id): a LedgerId's hash is slower, and this is per record."""
+
+    bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    runs: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
+
+    def add(self, scope: int, ledger: int, entry_id: int, size: int) -> None:
+        key = (scope, ledger)
+        self.bytes[key] += size
+        runs = self.runs.get(key)
+        if runs is None:
+            self.runs[key] = [[entry_id, entry_id]]
+        elif runs[-1][1] + 1 == entry_id:
+            runs[-1][1] = entry_id
+        else:
+            runs.append([entry_id, entry_id])
+
+    def bytes_of(self, ledger_id: LedgerId) -> int:
+        return self.bytes.get((ledger_id.scope, ledger_id.id), 0)
+
+    def has(self, ledger_id: LedgerId) -> Callable[[int], bool]:
+        """Whether the scan found an entry of the ledger (sorted once, then bisected)."""
+        runs = sorted(self.runs.get((ledger_id.scope, ledger_id.id), ()))
+        starts = [run[0] for run in runs]
+
+        def found(entry_id: int) -> bool:
+            at = bisect.bisect_right(starts, entry_id) - 1
+            return at >= 0 and runs[at][1] >= entry_id
+
+        return found
+
+
+class _Stopped(Exception):
+    """The storage is closing: the step stops where it is."""
+
+
+class Scrubber:
+    """The scrub passes over one ledger storage's files; ledger storage owns one."""
+
+    def __init__(
+        self,
+        index: Index,
+        entry_log: EntryLog,
+        journal: JournalEntries | None,
+        kept_files: Callable[[], frozenset[int]],
+        settle: Settle,
+        verified: Verified,
+        any_marked: Callable[[], bool],
+        pass_ended: Callable[[], None],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`kept_files()`: the journal files the index points into; `verified` is told of
+        each copy that passed while `any_marked()` (some copy is marked corrupt);
+        `pass_ended` is called when a pass is complete, before its step returns."""
+        self._index = index
+        self._log = entry_log
+        self._journal = journal
+        self._kept_files = kept_files
+        self._settle = settle
+        self._verified = verified
+        self._any_marked = any_marked
+        self._pass_ended = pass_ended
+        self._clock = clock
+        self._running = threading.Lock()
+        self._stopping = threading.Event()
+        self._progress = index.scrub_progress()
+        self._found = _Found()
+        self._found_all = self._progress is None or self._progress.offset <= 0
+        """Whether `_found` holds what the scan found in its file from the start: not in a
+        file a restart resumed in the middle of, whose counts are then not compared."""
+        self._passes = index.scrub_passes()
+        self._stats = ScrubStats(last_complete=self._passes[-1].ended if self._passes else None)
+        self._stats_lock = threading.Lock()
+
+    # -- the state ------------------------------------------------------------------------
+
+    def current(self) -> ScrubPass | None:
+        """The pass under way, if any."""
+        progress = self._progress
+        return None if progress is None else progress.current
+
+    def passes(self) -> list[ScrubPass]:
+        """The last complete passes, oldest first."""
+        return list(self._passes)
+
+    def stats(self) -> ScrubStats:
+        with self._stats_lock:
+            return self._stats.copy()
+
+    def stop(self) -> None:
+        """Stop a step under way at its next read and wait for it; refuse any later one."""
+        self._stopping.set()
+        with self._running:
+            pass
+
+    # -- a step ---------------------------------------------------------------------------
+
+    def step(self, budget: int, *, full_speed: bool = False) -> ScrubStep:
+        """Read and check about `budget` bytes of the next file of the pass under way, or of
+        a new pass; `full_speed` marks it an operator's. A step ends at the end of a file.
+
+        IllegalOperation if the storage is closing."""
+        with self._running:
+            if self._stopping.is_set():
+                raise IllegalOperation("ledger storage is closing: no scrubbing")
+            progress = self._progress
+            if progress is None:
+                progress = self._new_pass(full_speed)
+            elif full_speed:
+                progress = progress.at(
+                    progress.current.at_full_speed(), progress.file, progress.offset
+                )
+            done = _Tally()
+            file = self._next_file(progress)
+            offset = progress.offset if file == progress.file else 0
+            if file is not None and file != progress.file:
+                self._found = _Found()
+                self._found_all = True
+            try:
+                if file is None:
+                    ended = True
+                else:
+                    offset, ended = self._read_file(file, offset, max(1, budget), done)
+            except _Stopped:
+                raise IllegalOperation("ledger storage is closing: scrubbing stopped") from None
+            scrub = progress.current.plus(
+                bytes_read=done.bytes,
+                entries=done.entries,
+                corrupt=done.corrupt,
+                unreadable=done.unreadable,
+            )
+            complete = file is None
+            batch = self._index.batch()
+            if complete:
+                scrub = scrub.finished(self._clock())
+                self._passes = [*self._passes[-(KEPT_PASSES - 1) :], scrub]
+                batch.put_scrub_passes(self._passes)
+                batch.put_scrub_progress(None)
+                self._progress = None
+            else:
+                assert file is not None
+                # A file read through is left behind: the next step looks for the one after.
+                self._progress = progress.at(scrub, file, -1 if ended else offset)
+                batch.put_scrub_progress(self._progress)
+            self._index.write(batch)
+            if complete or done.corrupt:
+                self._index.sync()  # a pass's record, and the marks, survive a crash
+            self._count(done, scrub)
+            if complete:
+                self._pass_ended()
+                log.info(
+                    "scrub pass (%s) complete in %.0f s: %d entries, %d bytes read, %d "
+                    "corrupt, %d unreadable",
+                    scrub.trigger.value,
+                    (scrub.ended or scrub.started) - scrub.started,
+                    scrub.entries,
+                    scrub.bytes,
+                    scrub.corrupt,
+                    scrub.unreadable,
+                )
+            return ScrubStep(scrub, done.bytes, done.entries, done.corrupt, done.unreadable)
+
+    def _count(self, done: _Tally, scrub: ScrubPass) -> None:
+        with self._stats_lock:
+            stats = self._stats
+            stats.bytes += done.bytes
+            stats.entries += done.entries
+            stats.corrupt += done.corrupt
+            stats.unreadable += done.unreadable
+            if scrub.ended is not None:
+                stats.passes += 1
+                stats.last_complete = scrub.ended
+
+    def _new_pass(self, full_speed: bool) -> ScrubProgress:
+        """A pass starting now: over the entry logs and kept journal files there are now."""
+        trigger = ScrubTrigger.OPERATOR if full_speed else ScrubTrigger.SCHEDULE
+        last_log = max(self._log.log_ids(), default=-1)
+        mark = self._index.journal_mark() if self._journal is not None else None
+        last_journal_file = JournalMark.from_bytes(mark).file_id if mark is not None else -1
+        return ScrubProgress(
+            ScrubPass(self._clock(), trigger), None, 0, last_log, last_journal_file
+        )
+
+    def _next_file(self, progress: ScrubProgress) -> FileKey | None:
+        """The file the pass reads now: the one it reached if it is not read through (its
+        offset is not -1), else the next one, in the order of the module docstring, up to
+        the last ones of when the pass started (a pass under a steady write load ends)."""
+        reached = progress.file
+        if reached is not None and progress.offset >= 0:
+            if reached[0] is FileKind.ENTRY_LOG and reached[1] in self._log.log_ids():
+                return reached
+            if reached[0] is FileKind.JOURNAL and reached[1] in self._kept_files():
+                return reached
+        kind, after = reached if reached is not None else (FileKind.ENTRY_LOG, -1)
+        if kind is FileKind.ENTRY_LOG:
+            logs = [log_id for log_id in self._log.log_ids() if after < log_id <= progress.last_log]
+            if logs:
+                return FileKind.ENTRY_LOG, min(logs)
+            after = -1
+        if self._journal is None:
+            return None
+        kept = [f for f in self._kept_files() if after < f <= progress.last_journal_file]
+        return (FileKind.JOURNAL, min(kept)) if kept else None
+
+    def _read_file(self, file: FileKey, offset: int, budget: int, done: _Tally) -> tuple[int, bool]:
+        """Read about `budget` bytes of `file` from `offset`; where it got to, and whether
+        the file is read through (then its counts were compared, see the docstring)."""
+        kind, file_id = file
+        if kind is FileKind.ENTRY_LOG:
+            offset, ended, gone = self._read_log(file_id, offset, budget, done)
+        else:
+            offset, ended, gone = self._read_journal_file(file_id, offset, budget, done)
+        if ended and not gone and self._found_all:
+            self._compare_counts(file, offset, done)
+        return offset, ended
+
+    # -- entry logs -------------------------------------------------------------------------
+
+    def _read_log(
+        self, log_id: int, offset: int, budget: int, done: _Tally
+    ) -> tuple[int, bool, bool]:
+        """(where the step got to, whether the log is read through, whether it is gone)."""
+        end = self._log.readable_end(log_id)
+        if end is None:
+            return offset, True, True  # deleted meanwhile (compacted): nothing to check
+        position = max(offset, FILE_HEADER_SIZE)
+        stop = min(end, position + budget)
+        while position < stop:
+            if self._stopping.is_set():
+                raise _Stopped
+            want = min(end - position, READ_BYTES, max(stop - position, RECORD_HEADER_SIZE))
+            try:
+                raw = self._log.read_span(log_id, position, want)
+            except EntryUnreadable as error:
+                log.warning("scrub: %s; what the index places in it is read alone", error)
+                return end, True, False
+            assert raw is not None, "read up to what is flushed"
+            done.bytes += len(raw)
+            if len(raw) < min(want, RECORD_HEADER_SIZE):
+                return end, True, False  # shorter than it was: what it lost, the counts find
+            parsed, damaged = self._records(log_id, position, raw, end, done)
+            if parsed == 0 and not damaged and end - position < RECORD_HEADER_SIZE:
+                damaged = True  # not even a record's header left: padding, or damage
+            if damaged:
+                position += parsed
+                if not self._padding(log_id, position, end):
+                    log.warning(
+                        "scrub: entry log %s: no record can be parsed at offset %d; the "
+                        "entries the index places past it are read one by one",
+                        self._log.directory / log_file_name(log_id),
+                        position,
+                    )
+                return end, True, False  # what lies past the damage: the counts find it
+            if parsed == 0:  # the record goes on past this read
+                parsed = self._long_record(log_id, position, raw, done)
+            position += parsed
+        return position, position >= end, False
+
+    def _padding(self, log_id: int, position: int, end: int) -> bool:
+        """Whether the log's bytes from `position` are the zeros that pad its last block."""
+        rest = end - position
+        if not 0 < rest < ALIGNMENT or end % ALIGNMENT:
+            return False
+        raw = self._log.read_span(log_id, position, rest)
+        return raw is not None and len(raw) == rest and not any(raw)
+
+    def _long_record(self, log_id: int, position: int, raw: bytes, done: _Tally) -> int:
+        """Check the record at `position` whose bytes go on past `raw`, its first bytes
+        (whole header included), reading the rest a piece at a time; its size."""
+        length, crc, scope, ledger, entry_id = RECORD_HEADER.unpack_from(raw)
+        ledger_id = LedgerId(scope, ledger)
+        size: int = RECORD_HEADER_SIZE + length
+        location = Location(log_id, position, size)
+        if not self._index.points_at(ledger_id, entry_id, location):
+            return size  # garbage: not read
+        actual = crc32c(memoryview(raw)[RECORD_HEADER_SIZE:])
+        read = len(raw)
+        while read < size:
+            if self._stopping.is_set():
+                raise _Stopped
+            piece = self._log.read_span(log_id, position + read, min(size - read, READ_BYTES))
+            if not piece:
+                break  # cut short: the CRC32C says so
+            done.bytes += len(piece)
+            actual = crc32c(piece, actual)
+            read += len(piece)
+        self._checked(ledger_id, entry_id, location, read == size and actual == crc, done)
+        return size
+
+    def _records(
+        self, log_id: int, base: int, raw: bytes, end: int, done: _Tally
+    ) -> tuple[int, bool]:
+        """Check the whole records of `raw`, read at `base` of a log whose readable bytes
+        end at `end`; (bytes parsed, whether the parse met damage and stopped)."""
+        at = 0
+        in_log = self._index.in_entry_log
+        found = self._found
+        marked = self._any_marked()
+        with memoryview(raw) as view:
+            for _ in yielding(itertools.count(), YIELD_AFTER):  # a record at a time, until a break
+                if at + RECORD_HEADER_SIZE > len(raw):
+                    break
+                length, crc, scope, ledger, entry_id = RECORD_HEADER.unpack_from(view, at)
+                size = RECORD_HEADER_SIZE + length
+                if length == 0 or entry_id < 0 or base + at + size > end:
+                    return at, True
+                if at + size > len(raw):
+                    break
+                if in_log(scope, ledger, entry_id, log_id, base + at, size):
+                    with view[at + RECORD_HEADER_SIZE : at + size] as data:
+                        intact = crc32c(data) == crc
+                    if intact and not marked:  # the common case, inline
+                        found.add(scope, ledger, entry_id, size)
+                        done.entries += 1
+                    else:
+                        location = Location(log_id, base + at, size)
+                        self._checked(LedgerId(scope, ledger), entry_id, location, intact, done)
+                at += size
+        return at, False
+
+    def _checked(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        intact: bool,
+        done: _Tally,
+    ) -> None:
+        """A record the index points at was checked: `intact` or not."""
+        size = location.size + (ENTRY_HEAD.size if isinstance(location, JournalLocation) else 0)
+        self._found.add(ledger_id.scope, ledger_id.id, entry_id, size)
+        done.entries += 1
+        if intact:
+            self._verified(ledger_id, entry_id, location)
+            return
+        problem = f"{_describe(location)}: its bytes do not match their CRC32C"
+        self._judge(ledger_id, entry_id, location, EntryCorrupt(problem), done)
+
+    # -- journal files ------------------------------------------------------------------------
+
+    def _read_journal_file(
+        self, file_id: int, offset: int, budget: int, done: _Tally
+    ) -> tuple[int, bool, bool]:
+        """Parse a kept journal file from `offset` (a record's end) for about `budget` bytes,
+        checking the kept entries the index points at: (where the step got to, whether the
+        file is read through, whether it is gone). The file of the last checkpoint's mark
+        is read up to the mark (the records after it are not indexed yet)."""
+        assert self._journal is not None
+        path = self._journal.directory / file_name(file_id)
+        mark_bytes = self._index.journal_mark()
+        mark = JournalMark.from_bytes(mark_bytes) if mark_bytes is not None else None
+        try:
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if mark is not None and mark.file_id == file_id:
+                    size = min(size, mark.offset)
+                begin = max(offset, HEADER_SIZE)
+                if begin >= size:
+                    return size, True, False
+                with (
+                    mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                    memoryview(mapped) as view,
+                ):
+                    mapped.madvise(mmap.MADV_SEQUENTIAL)
+                    records = scan_records(view, file_id, begin, size, end_recorded=False)
+                    position = self._journal_records(records, begin, size, budget, done)
+                drop_range(file.fileno(), begin, position)
+        except FileNotFoundError:
+            return offset, True, True  # released: nothing the index points to is in it
+        done.bytes += position - begin
+        return position, position >= size, False
+
+    def _journal_records(
+        self,
+        records: Generator[tuple[JournalMark, bytes], None, object],
+        begin: int,
+        size: int,
+        budget: int,
+        done: _Tally,
+    ) -> int:
+        """Check the kept entries among `records` that the index points at, until `budget`
+        bytes from `begin` are parsed; where the parse got to (`size`: the end)."""
+        index = self._index
+        position = begin
+        payload: bytes | memoryview = b""
+        try:
+            for mark, payload in yielding(records, YIELD_AFTER):
+                position = mark.offset
+                if self._stopping.is_set():
+                    raise _Stopped
+                length = len(payload) - ENTRY_HEAD.size
+                if payload[0] == RecordType.ENTRY and length >= KEPT_ENTRY_SIZE:
+                    _, scope, ledger, entry_id, _, crc = ENTRY_HEAD.unpack_from(payload)
+                    ledger_id = LedgerId(scope, ledger)
+                    location = kept_location(mark, length, crc)
+                    if location is not None and index.points_at(ledger_id, entry_id, location):
+                        intact = crc32c(payload[ENTRY_HEAD.size :]) == crc
+                        self._checked(ledger_id, entry_id, location, intact, done)
+                if position - begin >= budget:
+                    return position
+            return size  # parsed to its end (damage is skipped past, a torn tail ends it)
+        finally:
+            del payload  # no view of the mapped file may outlive it
+            records.close()
+
+    # -- both ways --------------------------------------------------------------------------
+
+    def _compare_counts(self, file: FileKey, covered: int, done: _Tally) -> None:
+        """Check, one at a time, the entries the index places in the file read through (up
+        to `covered`: a file still written may have grown since) that its scan did not
+        find, for each ledger with more bytes counted than found there."""
+        found = self._found
+        for ledger_id, counted in sorted(self._index.file_usage(*file).items()):
+            if counted <= found.bytes_of(ledger_id):
+                continue
+            seen = found.has(ledger_id)
+            for entry_id, location in yielding(
+                self._index.ledger_locations(ledger_id), YIELD_AFTER
+            ):
+                if _file_of(location) != file or location.offset >= covered or seen(entry_id):
+                    continue
+                if self._stopping.is_set():
+                    raise _Stopped
+                self._check_alone(ledger_id, entry_id, location, done)
+
+    def _check_alone(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        done: _Tally,
+    ) -> None:
+        done.entries += 1
+        done.bytes += location.size
+        try:
+            if isinstance(location, JournalLocation):
+                if self._journal is None:
+                    raise EntryUnreadable(
+                        f"entry {entry_id} of ledger {ledger_id} is kept in journal file "
+                        f"{location.file_id}, and this storage was opened without the journal"
+                    )
+                self._journal.read(location, ledger_id, entry_id)
+            else:
+                self._log.read(location, ledger_id, entry_id)
+        except EntryUnreadable as error:
+            if self._judge(ledger_id, entry_id, location, error, done) is Verdict.UNREADABLE:
+                log.error("scrub: %s", error)
+            return
+        self._verified(ledger_id, entry_id, location)
+
+    def _judge(
+        self,
+        ledger_id: LedgerId,
+        entry_id: int,
+        location: Location | JournalLocation,
+        error: EntryUnreadable,
+        done: _Tally,
+    ) -> Verdict:
+        corrupt = isinstance(error, EntryCorrupt)
+        verdict = self._settle(ledger_id, entry_id, location, corrupt, str(error))
+        if verdict is Verdict.CORRUPT:
+            done.corrupt += 1
+        elif verdict is Verdict.UNREADABLE:
+            done.unreadable += 1
+        return verdict
+
+
+def _file_of(location: Location | JournalLocation) -> FileKey:
+    if isinstance(location, JournalLocation):
+        return FileKind.JOURNAL, location.file_id
+    return FileKind.ENTRY_LOG, location.log_id
+
+
+def _describe(location: Location | JournalLocation) -> str:
+    if isinstance(location, JournalLocation):
+        return f"journal file {location.file_id:016x} at offset {location.offset}"
+    return f"entry log {location.log_id:08x} at offset {location.offset}"
