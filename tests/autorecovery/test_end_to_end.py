@@ -295,3 +295,52 @@ async def test_a_client_read_of_a_bad_copy_gets_it_repaired(cluster: Cluster) ->
     with autorecovery(cluster, "ar-read"):
         await wait_repaired(cluster.uri, ledgers, lost=None)
     assert await _copies_read_back(damaged, metadata, bookie_id, read_first)
+
+
+async def test_a_scrub_finds_rotten_copies_and_the_bookie_files_their_repair(
+    cluster: Cluster,
+) -> None:
+    """Bytes flipped in entry logs and in entries kept in journal files: `tally shell scrub
+    --now` finds them, the bookie files them in the ledgers' marks, client reads go on
+    meanwhile, and a worker writes good copies over them."""
+    small = await write_ledgers(cluster.uri, 1, 30, size=100)
+    large = await write_ledgers(cluster.uri, 1, 12, size=20_000)  # kept in the journal
+    found = await records(cluster.uri, {**small, **large})
+    (small_id,), (large_id,) = small, large
+    ensembles = {x: found[x].metadata.segments[0].ensemble for x in (small_id, large_id)}
+    bookie_id = sorted(set(ensembles[small_id]) & set(ensembles[large_id]))[0]
+    held = {
+        ledger_id: [
+            e
+            for e in range(last + 1)
+            if ensembles[ledger_id].index(bookie_id) in write_set(e, 3, 2)
+        ]
+        for ledger_id, last in {**small, **large}.items()
+    }
+    bookie = cluster.bookie(bookie_id)
+    bookie.stop()
+    for ledger_id, entries in held.items():
+        assert rot_entries(bookie.data_dir, ledger_id, entries) == len(entries)
+    bookie.extra = (*bookie.extra, "--metrics-port", "0")  # the admin HTTP `scrub` talks to
+    cluster.restart([bookie_id])
+    scrub = tally("shell", "scrub", "--bookie", bookie_id, "--now", "--metadata", cluster.uri)
+    assert scrub.returncode == 0, scrub.stderr
+    async with Client(cluster.uri) as client:
+        marks = client.context.under_replication
+
+        async def filed(ledger_id: LedgerId) -> bool:
+            mark = await marks.under_replicated(ledger_id)
+            return mark is not None and list(mark.bad_copies.get(bookie_id, ())) == held[ledger_id]
+
+        for ledger_id in held:
+            await until(lambda ledger_id=ledger_id: filed(ledger_id), "the bookie files them")
+        for ledger_id, last in {**small, **large}.items():  # reads go on meanwhile
+            reader = await client.open_ledger(ledger_id, password=PASSWORD)
+            size = 100 if ledger_id == small_id else 20_000
+            for entry_id in range(last + 1):
+                data = (await reader.read_entry(entry_id)).data
+                assert data == payload(ledger_id, entry_id, size)
+    with autorecovery(cluster, "ar-scrub"):
+        await wait_repaired(cluster.uri, {**small, **large}, lost=None)
+    await assert_fully_replicated(cluster.uri, small, size=100)
+    await assert_fully_replicated(cluster.uri, large, size=20_000)

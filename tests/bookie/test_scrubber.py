@@ -130,7 +130,9 @@ def test_flipped_bytes_in_entry_logs_are_found_marked_and_answered_as_corrupt(
         assert not isinstance(raised.value, NoSuchEntry)
         del model[key]
     check_all(storage, model)
-    assert bad_bytes[1] in storage.availability(bad_bytes[0]), "the index keeps it"
+    assert storage._index.location(*bad_bytes) is not None, "the index keeps it"
+    assert bad_bytes[1] not in storage.availability(bad_bytes[0]), "but cannot serve it"
+    assert bad_bytes[1] - 1 in storage.availability(bad_bytes[0])
     stats = storage.stats()
     assert (stats.corrupt_entries, stats.corrupt_marked[FoundBy.SCRUBBER]) == (2, 2)
     assert stats.scrub.corrupt == 2
@@ -303,42 +305,6 @@ def test_an_operator_pass_runs_at_full_speed_and_says_so(tmp_path: Path) -> None
     storage.close()
 
 
-def test_a_repair_add_replaces_only_a_copy_marked_corrupt_and_ends_its_mark(
-    tmp_path: Path,
-) -> None:
-    storage = opened(tmp_path / "bookie")
-    model = fill(storage, LEDGERS[:2], 10)
-    victim, healthy = (LEDGERS[0], 4), (LEDGERS[0], 5)
-    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + 2)
-    assert scrub_pass(storage).corrupt == 1
-
-    def repair(key: tuple[LedgerId, int], version: int) -> bytes:
-        data = body(*key, version=version)
-        storage.add_entry(*key, crc32c(data), data, key[1] - 1, repair=True)
-        return data
-
-    with pytest.raises(IllegalOperation, match="replaces only a copy marked corrupt"):
-        repair(healthy, 1)
-    with pytest.raises(IllegalOperation, match="replaces only a copy marked corrupt"):
-        repair((LEDGERS[0], 10), 1)  # none held
-    assert storage.get_entry(*healthy)[1] == model[healthy]
-    model[victim] = repair(victim, 0)
-    assert storage.get_entry(*victim)[1] == model[victim], "served from the write cache"
-    assert storage.corrupt_entries() == [], "replaced, waiting for its checkpoint"
-    model[victim] = repair(victim, 0)  # a repair sent twice is accepted
-    storage.checkpoint(b"repaired")
-    assert storage.stats().corrupt_entries == 0
-    check_all(storage, model)
-    with pytest.raises(IllegalOperation):
-        repair(victim, 0)
-    storage.close()
-    storage = opened(tmp_path / "bookie")
-    assert storage.corrupt_entries() == []
-    check_all(storage, model)
-    assert scrub_pass(storage).corrupt == 0
-    storage.close()
-
-
 def test_a_plain_re_add_also_ends_a_mark_and_a_delete_or_forget_drops_them(
     tmp_path: Path,
 ) -> None:
@@ -488,7 +454,7 @@ def test_compaction_never_copies_a_corrupt_record_and_compacts_the_file_once_it_
     check_all(storage, model)
     # repaired: the rotten record is garbage, and the file goes at the next compaction
     data = body(*victim)
-    storage.add_entry(*victim, crc32c(data), data, victim[1] - 1, repair=True)
+    storage.add_entry(*victim, crc32c(data), data, victim[1] - 1)
     storage.checkpoint(b"repaired")
     model[victim] = data
     report = storage.collect_garbage(time.time(), force_major=True)

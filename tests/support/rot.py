@@ -6,13 +6,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tally.bookie.entry_log import Location, log_file_name
+from tally.bookie.journal_entries import JournalLocation
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.ids import LedgerId
 
 
 def rot_entries(data_dir: Path, ledger_id: LedgerId, entries: Iterable[int]) -> int:
     """Flip the last byte (payload) of each of the entries that the stopped bookie at
-    `data_dir` holds in its entry logs; how many were flipped."""
+    `data_dir` holds, in its entry logs or kept in its journal files; how many."""
     storage = LedgerStorage(data_dir / "ledgers")
     try:
         locations = [storage._index.location(ledger_id, e) for e in entries]
@@ -22,10 +23,14 @@ def rot_entries(data_dir: Path, ledger_id: LedgerId, entries: Iterable[int]) -> 
     for location in locations:
         if isinstance(location, Location):
             path = data_dir / "ledgers" / "logs" / log_file_name(location.log_id)
-            with path.open("r+b") as file:
-                file.seek(location.offset + location.size - 1)
-                byte = file.read(1)[0]
-                file.seek(location.offset + location.size - 1)
-                file.write(bytes([byte ^ 0x10]))
-            flipped += 1
+        elif isinstance(location, JournalLocation):
+            path = data_dir / "journal" / f"{location.file_id:016x}.txn"
+        else:
+            continue
+        with path.open("r+b") as file:
+            file.seek(location.offset + location.size - 1)
+            byte = file.read(1)[0]
+            file.seek(location.offset + location.size - 1)
+            file.write(bytes([byte ^ 0x10]))
+        flipped += 1
     return flipped

@@ -58,6 +58,7 @@ from tally.bookie.ledger_dir_health import described, errno_of, probe_directory
 from tally.bookie.ledger_placement import PlacementRecord
 from tally.bookie.ledger_storage import (
     DEFAULT_AVAILABILITY_BATCH,
+    CorruptEntry,
     LedgerStorage,
     LedgerStorageStats,
     OnCorrupt,
@@ -342,13 +343,11 @@ class LedgerDirectories:
         crc32c: int,
         data: EntryBytes,
         last_add_confirmed: int,
-        *,
-        repair: bool = False,
     ) -> None:
         directory = self._placement.get(ledger_id)  # inline `_writing`: once per add
         storage = directory.writable if directory is not None else None
         (storage or self._writing(ledger_id)).add_entry(
-            ledger_id, entry_id, crc32c, data, last_add_confirmed, repair=repair
+            ledger_id, entry_id, crc32c, data, last_add_confirmed
         )
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
@@ -450,6 +449,17 @@ class LedgerDirectories:
                 placed = self._placement.get(ledger_id)
             if placed is owners[index][0]:
                 yield ledger_id, held
+
+    def corrupt_entries(self, ledger_id: LedgerId | None = None) -> list[CorruptEntry]:
+        """As LedgerStorage's: of the ledger's directory, or of every open storage."""
+        if ledger_id is not None:
+            directory = self._placement.get(ledger_id)
+            storage = directory.storage if directory is not None else None
+            return [] if storage is None else storage.corrupt_entries(ledger_id)
+        found: list[CorruptEntry] = []
+        for storage in self._open():
+            found += storage.corrupt_entries()
+        return sorted(found, key=lambda corrupt: (corrupt.ledger_id, corrupt.entry_id))
 
     def last_checkpoint_mark(self) -> bytes | None:
         """The oldest mark of the directories in service: replay the journal from there."""

@@ -23,9 +23,10 @@ Corrupt copies. A copy whose bytes fail their check (CRC32C, or a record naming 
 entry), found by a read, the scrubber (scrubber.py) or compaction, is marked corrupt in
 the index (`corrupt` family), not dropped: the index keeps the entry, and reads answer
 `EntryCorrupt` (an EntryUnreadable) without reading it again. A mark holds while the index
-points at the copy it names: the checkpoint that indexes a copy written over it (a re-add,
-or a repair's add, `repair=True`, refused over anything but a marked copy) ends it in the
-same batch. `corrupt_entries` lists the marks; `on_corrupt` hears of new ones.
+points at the copy it names: the checkpoint that indexes a copy written over it (a re-add:
+the replication worker's, with a copy it verified) ends it in the same batch; the entries
+waiting for that are left out of `availability`. `corrupt_entries` lists the marks;
+`on_corrupt` hears of new ones.
 
 Limbo (BookKeeper's BP-46). A ledger whose journal records may have been lost (the bookie
 found its journal damaged at start-up) is in limbo: the bookie cannot tell an entry it never
@@ -286,8 +287,6 @@ class LedgerStorage:
         crc32c: int,
         data: EntryBytes,
         last_add_confirmed: int,
-        *,
-        repair: bool = False,
     ) -> None:
         """Store an entry (in the write cache) and the LAC its writer piggy-backed on it.
 
@@ -297,8 +296,7 @@ class LedgerStorage:
         keep a larger buffer alive for a few bytes (a replayed journal record, say).
 
         An add replaces the copy held (see the module docstring); the checkpoint that
-        indexes the new copy ends the old one's corrupt mark, if it had one. `repair`: a
-        repair's add, refused (IllegalOperation) unless the copy held is marked corrupt.
+        indexes the new copy ends the old one's corrupt mark, if it had one.
         """
         _check_entry_id(entry_id, ledger_id)
         _check_lac(last_add_confirmed, ledger_id)
@@ -312,11 +310,6 @@ class LedgerStorage:
                 f"0x{actual:08x}, the client sent 0x{crc32c & 0xFFFFFFFF:08x}"
             )
         with self._lock:
-            if repair and not self._repairable(ledger_id, entry_id):
-                raise IllegalOperation(
-                    f"entry {entry_id} of ledger {ledger_id}: a repair replaces only a copy "
-                    "marked corrupt, and this bookie's copy is not (or it holds none)"
-                )
             state = self._touch(ledger_id)
             if last_add_confirmed > state.piggyback_lac:
                 state.piggyback_lac = last_add_confirmed
@@ -536,7 +529,9 @@ class LedgerStorage:
             return LedgerInfo(state.fenced, state.last_add_confirmed, entry_count, byte_count)
 
     def availability(self, ledger_id: LedgerId) -> EntryAvailability:
-        """GET_LIST_OF_ENTRIES_OF_LEDGER: the entries the index and the write caches hold."""
+        """GET_LIST_OF_ENTRIES_OF_LEDGER: the entries the index and the write caches hold,
+        but those whose copy here is marked corrupt: what this bookie can serve, so that
+        every check that asks (replicas check, audit, repair plan) sees them as lacking."""
         _check_ledger_id(ledger_id)
         with self._lock:
             cached = [
@@ -547,7 +542,11 @@ class LedgerStorage:
         indexed = self._index.entries_of(ledger_id)
         if not indexed.size and not any(ids.size for ids in cached) and not self._known(ledger_id):
             raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
-        return EntryAvailability.from_entries(_merged(indexed, *cached))
+        held = EntryAvailability.from_entries(_merged(indexed, *cached))
+        if not self._marks:
+            return held
+        corrupt = [entry.entry_id for entry in self.corrupt_entries(ledger_id)]
+        return held.difference(EntryAvailability.from_entries(corrupt)) if corrupt else held
 
     def iter_availability(
         self, batch_ledgers: int = DEFAULT_AVAILABILITY_BATCH
@@ -613,7 +612,7 @@ class LedgerStorage:
     def corrupt_entries(self, ledger_id: LedgerId | None = None) -> list[CorruptEntry]:
         """The entries (of `ledger_id`, or of every ledger) whose copy here is marked
         corrupt and not yet replaced, by ledger and entry: what a repair writes over (an
-        add, `repair=True` for a repair's). A re-add waiting in the write cache counts as
+        add). A re-add waiting in the write cache counts as
         replaced: its checkpoint ends the mark."""
         with self._lock:
             marked = sorted(
@@ -648,16 +647,6 @@ class LedgerStorage:
         """Whether a write cache holds a copy of the entry (call under `_lock`)."""
         return self._cache.get(ledger_id, entry_id) is not None or (
             self._flushing is not None and self._flushing.get(ledger_id, entry_id) is not None
-        )
-
-    def _repairable(self, ledger_id: LedgerId, entry_id: int) -> bool:
-        """Whether the copy held is marked corrupt, or one written over such a copy waits
-        in a write cache (a repair sent twice), under `_lock`."""
-        mark = self._marks.get((ledger_id, entry_id))
-        if mark is None:
-            return False
-        return self._cached(ledger_id, entry_id) or (
-            self._index.location(ledger_id, entry_id) == mark.location
         )
 
     def _mark_corrupt(

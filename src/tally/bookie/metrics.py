@@ -95,8 +95,8 @@ class BookieMetrics:
         )
         self.corrupt_entries_reported = Counter(
             "bookie_corrupt_entries_reported",
-            "Entries newly marked corrupt here and handed to the bookie's on_corrupt hook, "
-            "which is to file their repair",
+            "Copies marked corrupt here and filed for repair (named in their ledger's "
+            "under-replication mark); a copy filed again after a restart counts again",
             registry=self.registry,
         )
         self.ledgers_in_limbo = Gauge(

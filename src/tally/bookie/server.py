@@ -54,11 +54,13 @@ from tally.core.ids import LedgerId
 from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
 from tally.core.receive_limits import ReceiveBudget
+from tally.metadata.bad_copies import BadCopyReports
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cookies import CookieManager
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
+from tally.metadata.underreplication import UnderReplicationManager
 from tally.version import __version__
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class Bookie:
         self.metrics_port: int | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._store: MetadataStore | None = None
+        self._bad_copies: BadCopyReports | None = None
         self._registry: BookieRegistry | None = None
         self._server: asyncio.Server | None = None
         self._journal: Journal | None = None
@@ -253,6 +256,9 @@ class Bookie:
             await self._registry.set_placement(self.bookie_id, _placement(config.rack))
         await self._register()
         self._store.on_session_lost(self._session_lost)
+        self._bad_copies = BadCopyReports(
+            UnderReplicationManager(self._store), self.metrics.corrupt_entries_reported.inc
+        )
         limbo = self._limbo = LimboWatch(
             self.storage,
             self._store,
@@ -292,6 +298,7 @@ class Bookie:
                 name="receive-stalls",
             ),
             asyncio.create_task(self._scrubber.run(), name="scrub"),
+            asyncio.create_task(self._corrupt_loop(), name="corrupt-copies"),
         ]
         log.info(
             "bookie %s serving on %s (%s)%s",
@@ -379,6 +386,8 @@ class Bookie:
         if self._registry is not None:
             with contextlib.suppress(TallyError):
                 await self._registry.unregister(self.bookie_id)
+        if self._bad_copies is not None:
+            await self._bad_copies.flush()
         if self._store is not None:
             await self._store.close()
         if self._http_task is not None:
@@ -395,19 +404,34 @@ class Bookie:
             self._loop.call_soon_threadsafe(self.on_corrupt, ledger_id, entry_ids)
 
     def on_corrupt(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
-        """Entries of `ledger_id` whose copy here was found corrupt and marked: the hook for
-        their repair (issue 17, part 3), which is to file a repair request naming the
-        ledger, this bookie and the entries. For now the event is logged and counted."""
-        self.metrics.corrupt_entries_reported.inc(len(entry_ids))
+        """Entries of `ledger_id` whose copy here was found corrupt and marked: their repair
+        is filed, a mark on the ledger naming this bookie and the entries (`bad_copies`),
+        which a replication worker writes verified copies over (issue 17, part 3)."""
         log.error(
-            "bookie %s: %d entr%s of ledger %s found corrupt here and marked (%s); they need "
-            "a repair from another replica (reads answer EntryCorrupt until then)",
+            "bookie %s: %d entr%s of ledger %s found corrupt here and marked (%s); filing "
+            "their repair from another replica (reads answer EntryCorrupt until then)",
             self.bookie_id,
             len(entry_ids),
             "y" if len(entry_ids) == 1 else "ies",
             ledger_id.qualified_name,
             _entry_list(entry_ids),
         )
+        assert self._bad_copies is not None
+        self._bad_copies.report(ledger_id, self.bookie_id, entry_ids)
+
+    async def _corrupt_loop(self) -> None:
+        """File every copy still marked corrupt here, at start and every
+        `limbo_check_interval`: a filing lost to a store error or a restart is made again
+        (a mark that already names them is left as it is)."""
+        while True:
+            found = await asyncio.to_thread(self.storage.corrupt_entries)
+            by_ledger: dict[LedgerId, list[int]] = {}
+            for corrupt in found:
+                by_ledger.setdefault(corrupt.ledger_id, []).append(corrupt.entry_id)
+            for ledger_id, entry_ids in by_ledger.items():
+                assert self._bad_copies is not None
+                self._bad_copies.report(ledger_id, self.bookie_id, entry_ids)
+            await asyncio.sleep(self.config.limbo_check_interval)
 
     def _session_lost(self) -> None:
         """Without a session the bookie's registration is gone: stop rather than serve

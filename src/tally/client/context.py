@@ -9,7 +9,8 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from tally.client.bad_copies import BadCopyReports
+from prometheus_client import Counter
+
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
@@ -22,11 +23,17 @@ from tally.core.placement import (
     preferring_healthy,
     racks_in_cluster,
 )
+from tally.metadata.bad_copies import BadCopyReports
 from tally.metadata.bookie_registry import BookieRegistry
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)
+
+BAD_COPIES_FILED = Counter(
+    "client_bad_copies_filed",
+    "Bad entry copies a client's reads found and filed for repair (under-replication marks)",
+)
 
 
 @dataclass
@@ -43,7 +50,7 @@ class ClientContext:
 
     def __post_init__(self) -> None:
         self.quarantine = BookieQuarantine(self.config.bookie_quarantine_time)
-        self.bad_copies = BadCopyReports(self.under_replication)
+        self.bad_copies = BadCopyReports(self.under_replication, BAD_COPIES_FILED.inc)
 
     def quarantined(self) -> frozenset[str]:
         return self.quarantine.active(time.monotonic())

@@ -6,7 +6,7 @@ whose digest verifies wins. One replica's NoSuchEntry is not final while another
 have the entry. A copy that fails its digest, here or at the bookie's own end-to-end check
 (EntryUnreadable), is corruption at rest or on the wire: it is logged and counted, the
 next replica serves the read, and once one did, the bad copies are filed for repair
-(bad_copies.py).
+(tally.metadata.bad_copies).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class EntryFetcher:
                     if error is None:
                         fetched = task.result()
                         for holder in bad:  # a good copy proves the others bad, not the key
-                            self.context.bad_copies.report(self.ledger_id, holder, entry_id)
+                            self.context.bad_copies.report(self.ledger_id, holder, [entry_id])
                         return LedgerEntry(entry_id, fetched.entry.payload)
                     if isinstance(error, EntryUnreadable | BadDigest):
                         bad.append(bookie)

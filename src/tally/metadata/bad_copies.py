@@ -1,19 +1,17 @@
-"""Bad copies that a client's reads ran into, filed as repair requests.
+"""Bad copies found by a client's reads or a bookie's own checks, filed as repair requests.
 
-A read that gets a copy failing its digest, or the bookie's own check (EntryUnreadable),
-uses another copy; the bad one is repaired by the replication worker once the ledger's
-under-replication mark names it (`bad_copies`), as a scrub or the auditor's ledger check
-would file it (issue 17). Reports are gathered and filed by one task: a read through many
-rotten entries makes one mark update per ledger, not one per entry, and no read waits for
-the metadata store.
+A bad copy is repaired by the replication worker once the ledger's under-replication mark
+names it (`bad_copies`): a client files the copies its reads met before a good one, a
+bookie those its scrubber, reads or compaction marked corrupt, the auditor's ledger check
+those it read (issue 17). Reports are gathered and filed by one task: many rotten entries
+make one mark update per ledger, not one per entry, and nobody waits for the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-
-from prometheus_client import Counter
+from collections.abc import Callable, Iterable
 
 from tally.core.errors import TallyError
 from tally.core.ids import LedgerId
@@ -22,23 +20,22 @@ from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)
 
-BAD_COPIES_FILED = Counter(
-    "client_bad_copies_filed",
-    "Bad entry copies a client's reads found and filed for repair (under-replication marks)",
-)
-
 
 class BadCopyReports:
     """The bad copies found since the last filing, and the task filing them."""
 
-    def __init__(self, marks: UnderReplicationManager) -> None:
+    def __init__(
+        self, marks: UnderReplicationManager, filed: Callable[[int], object] = lambda count: None
+    ) -> None:
+        """`filed` counts the copies each filing names."""
         self._marks = marks
+        self._filed = filed
         self._pending: dict[LedgerId, dict[str, set[int]]] = {}
         self._filing: asyncio.Task[None] | None = None
 
-    def report(self, ledger_id: LedgerId, bookie: str, entry_id: int) -> None:
-        """Note that `bookie`'s copy of the entry is bad; it is filed shortly."""
-        self._pending.setdefault(ledger_id, {}).setdefault(bookie, set()).add(entry_id)
+    def report(self, ledger_id: LedgerId, bookie: str, entry_ids: Iterable[int]) -> None:
+        """Note that `bookie`'s copies of the entries are bad; they are filed shortly."""
+        self._pending.setdefault(ledger_id, {}).setdefault(bookie, set()).update(entry_ids)
         if self._filing is None or self._filing.done():
             self._filing = asyncio.get_running_loop().create_task(self._file())
 
@@ -61,12 +58,12 @@ class BadCopyReports:
                     )
                 except (TallyError, OSError) as error:
                     log.error(
-                        "ledger %s: bad copies (%s) could not be filed for repair: %s; a "
-                        "scrub of those bookies or the auditor's ledger check will find them",
+                        "ledger %s: bad copies (%s) could not be filed for repair: %s; they "
+                        "are found again by the next look (a scrub, a read, a check)",
                         ledger_id,
                         described,
                         error,
                     )
                     continue
-                BAD_COPIES_FILED.inc(sum(map(len, copies.values())))
+                self._filed(sum(map(len, copies.values())))
                 log.warning("ledger %s: bad copies filed for repair: %s", ledger_id, described)
