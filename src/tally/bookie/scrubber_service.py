@@ -171,10 +171,13 @@ class ScrubberServices:
             for name, service in self._services.items()
         }
         try:
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            ended = await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         finally:
             for task in self._tasks.values():
                 task.cancel()
+        for error in ended:
+            if isinstance(error, Exception):
+                log.error("a ledger directory's scrubber failed", exc_info=error)
 
     def stop(self, name: str) -> None:
         """Stop the scrubber of a directory taken out of service."""
