@@ -28,6 +28,8 @@ def test_demo_writes_loses_a_bookie_recovers_and_verifies_every_byte(tmp_path: P
     assert "Replicas check of 4 ledgers" in out
     assert "4 ledgers checked" in out
     assert "audit verdict: no violation" in out
+    assert "entries marked corrupt" in out
+    assert "serves every one of them intact again" in out
     assert "3 of 4 ledgers deleted" in out
     assert "bytes reclaimed" in out
     assert list(tmp_path.glob("tally-demo-*/audit/report/report.html"))

@@ -7,7 +7,9 @@ on), one writer abandoned and its ledger recovered by a second client (which fen
 first), the auditor marking the lost bookie's ledgers and the replication worker copying
 them back to full replication, a replicas check finding nothing missing, every entry read
 back and compared byte for byte, an audit of the whole cluster on Spark (`tally audit
-snapshot` and `tally audit run`, with its HTML report), most ledgers deleted through the
+snapshot` and `tally audit run`, with its HTML report), bytes flipped on a bookie's disk
+found by a scrub (`tally shell scrub --now`) and repaired from another replica by the
+replication worker, most ledgers deleted through the
 delete path and their disk space given back by the bookies' garbage collection (`tally
 shell deleteledger`, `tally shell triggergc`), and `tally local stop`.
 """
@@ -42,6 +44,8 @@ from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
 from tally.config import load
+from tally.core.digest import mac_key
+from tally.core.entry_format import decode_entry
 from tally.core.errors import LedgerFenced, TallyError
 from tally.core.ids import LedgerId
 from tally.local.state import DataDir, LocalState
@@ -72,6 +76,8 @@ that a minute's data spans several entry logs and the space of deleted ledgers c
 back before the demo ends."""
 KEPT_LEDGERS = 1
 """Ledgers the demo does not delete at its end."""
+ROTTEN_ENTRIES = 5
+"""Entries whose bytes the demo flips on one bookie's disk."""
 
 
 def payload(ledger: LedgerId, entry_id: int) -> bytes:
@@ -91,6 +97,7 @@ def run(data_dir: Path | None = None) -> None:
         state = DataDir.at(root).require()
         ok = asyncio.run(_exercise(console, state, root))
         ok = _audit(console, state, root) and ok
+        ok = asyncio.run(_rot_and_repair(console, state)) and ok
         ok = _delete_and_reclaim(console, state) and ok
     finally:
         _local_stop(console, root, supervisor)
@@ -221,6 +228,79 @@ def _delete_and_reclaim(console: Console, state: LocalState) -> bool:
     console.print(table)
     held = [bookie for bookie, size in before.items() if size and bookie in running]
     return bool(held) and all(after[bookie] < before[bookie] for bookie in held)
+
+
+async def _rot_and_repair(console: Console, state: LocalState) -> bool:
+    """Bit rot on one bookie: bytes flipped in its entry logs, found by a scrub, filed by
+    the bookie for repair, and written over by the replication worker."""
+    console.print("\n[bold]Bit rot[/]: bytes flipped on a bookie's disk, found and repaired")
+    async with Client(state.metadata, config=load(ClientConfig, "client")) as client:
+        running = set((await client.context.registry.available_bookies()).writable)
+        record = min(
+            [r async for page in client.context.ledgers.ledger_pages() for r in page.ledgers],
+            key=lambda found: found.ledger_id,
+        )
+        # Early entries: long checkpointed into entry logs no longer written.
+        bookie_id = next(b for b in record.metadata.segments[0].ensemble if b in running)
+        slot = next(s for s in state.bookies if s.bookie_id == bookie_id)
+        rotten = [
+            entry_id
+            for entry_id in range(ROTTEN_ENTRIES * 3)
+            if bookie_id in record.metadata.write_set_bookies(entry_id)
+        ][:ROTTEN_ENTRIES]
+        flipped = [e for e in rotten if _flip_payload(slot.data_dir, payload(record.ledger_id, e))]
+        console.print(
+            f"  flipped a byte of {len(flipped)} entries of ledger {record.ledger_id} in "
+            f"{bookie_id}'s entry logs, under the running bookie"
+        )
+        result = _tally(console, "shell", "scrub", "--bookie", bookie_id, "--now",
+                        "--metadata", state.metadata)  # fmt: skip
+        console.print(result.stdout.rstrip(), markup=False, highlight=False)
+        if result.returncode != 0 or not flipped:
+            console.print(f"[bold red]scrub failed[/]: {result.stderr.strip()}")
+            return False
+        started = time.monotonic()
+        connection = await client.context.bookies.get(bookie_id)
+        key = mac_key(PASSWORD)
+        with _progress(console) as progress:
+            task = progress.add_task("rotten copies written over", total=len(flipped))
+            while True:
+                good = 0
+                for entry_id in flipped:
+                    try:
+                        raw = await connection.read(record.ledger_id, entry_id)
+                        entry = decode_entry(raw, record.metadata.digest_type, key)
+                    except TallyError:
+                        continue
+                    good += entry.payload == payload(record.ledger_id, entry_id)
+                progress.update(task, completed=good)
+                if good == len(flipped):
+                    break
+                if time.monotonic() - started > REREPLICATION_TIMEOUT:
+                    console.print(f"[bold red]not repaired within {REREPLICATION_TIMEOUT:.0f} s[/]")
+                    return False
+                await asyncio.sleep(0.5)
+    console.print(
+        f"  {bookie_id} serves every one of them intact again, {time.monotonic() - started:.1f} s "
+        "after the scrub: the bookie filed them, the worker copied them from another replica"
+    )
+    return True
+
+
+def _flip_payload(data_dir: Path, data: bytes) -> bool:
+    """Flip a byte of `data` wherever a bookie's entry logs hold it (a copy re-added holds
+    it twice); whether it was found."""
+    found = False
+    for path in sorted((data_dir / "ledgers" / "logs").glob("*.log")):
+        content = path.read_bytes()
+        offset = content.find(data)
+        while offset >= 0:
+            with path.open("r+b") as file:
+                file.seek(offset + len(data) // 2)
+                file.write(bytes([content[offset + len(data) // 2] ^ 0x08]))
+            found = True
+            offset = content.find(data, offset + 1)
+    return found
 
 
 def _local_stop(console: Console, root: Path, supervisor: subprocess.Popen[bytes]) -> None:
