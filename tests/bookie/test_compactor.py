@@ -29,6 +29,7 @@ from tally.bookie.journal_entries import JournalEntries, JournalLocation, kept_l
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.journal_records import entry_record_head
+from tally.bookie.ledger_directories import LedgerDirectory
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.bookie.metrics import BookieMetrics
 from tally.core.compaction import CompactionKind, CompactionPolicy, DiskSpace, FileKind
@@ -419,7 +420,8 @@ def test_the_metrics_show_what_garbage_collection_did(storage: LedgerStorage) ->
     assert report.deleted_entry_logs
     assert report.compacted_entry_logs
     metrics = BookieMetrics()
-    metrics.watch(JournalStats, storage.stats, storage.directory / "index")
+    directory = LedgerDirectory(str(storage.directory), failed=False, reason="", ledgers=0)
+    metrics.watch(JournalStats, storage.stats, lambda: [directory])
     text = generate_latest(metrics.registry).decode()
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

@@ -14,7 +14,13 @@ from tally.core.admission import (
 )
 from tally.core.digest import master_key
 from tally.core.disk_usage import DiskState
-from tally.core.errors import BadRequest, LedgerFenced, Unauthorized, WriteOnReadOnlyBookie
+from tally.core.errors import (
+    BadRequest,
+    LedgerFenced,
+    Unauthorized,
+    WriteFailed,
+    WriteOnReadOnlyBookie,
+)
 from tally.core.ids import LedgerId
 
 LEDGER = LedgerId(0, 7)
@@ -46,6 +52,15 @@ def test_fenced_ledger_refuses_normal_adds_but_not_recovery_adds() -> None:
     with pytest.raises(LedgerFenced, match="ledger 7 is fenced"):
         admit_add(LEDGER, access, KEY, recovery=False)
     assert not admit_add(LEDGER, access, KEY, recovery=True).record_fence
+
+
+def test_a_ledger_lost_with_a_disk_refuses_normal_adds_as_a_failure_not_as_fenced() -> None:
+    """Its writer changes ensemble away from the bookie rather than stop as if fenced; the
+    repair's recovery adds come through."""
+    access = LedgerAccess(fenced=True, lost=True)
+    with pytest.raises(WriteFailed, match="failed ledger directory"):
+        admit_add(LEDGER, access, KEY, recovery=False)
+    assert admit_add(LEDGER, access, KEY, recovery=True).record_master_key
 
 
 def test_fencing_an_unknown_ledger_records_key_and_fence() -> None:

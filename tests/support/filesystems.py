@@ -4,7 +4,8 @@ A test that needs a disk to run out of room, or to vanish, makes its own: an ext
 loop-mounted (what a bookie's disk usually is) or a tmpfs of a given size, mounted over a
 directory and unmounted when the test ends, whatever happened. The tests run as root, as
 mounting needs. `fill` takes a file system's free space but a little, as a filler file
-that the test deletes to give the room back.
+that the test deletes to give the room back. `fail_read_only` and `unmount_lazily` make a
+disk fail under a running process; `check_and_mount_again` is the operator's repair.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 FILLER = "filler"
+EXT4_OPTIONS = "loop,errors=remount-ro"
+"""As a data disk is mounted: an error in the file system turns it read-only (`fail_read_only`)."""
 
 
 class FilesystemRefused(RuntimeError):
@@ -37,7 +40,7 @@ def small_filesystem(
         with image.open("wb") as f:
             f.truncate(size)
         _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
-        mount = ("mount", "-o", "loop", str(image), str(path))
+        mount = ("mount", "-o", EXT4_OPTIONS, str(image), str(path))
     else:
         mount = ("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
     try:
@@ -91,3 +94,30 @@ def _run(*command: str) -> None:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise FilesystemRefused(f"{' '.join(command)}: {done.stderr.strip()}")
+
+
+def fail_read_only(path: Path) -> None:
+    """Make the ext4 file system at `path` fail as on a disk error: the kernel remounts it
+    read-only (errors=remount-ro), and every write to it fails with EROFS from then on."""
+    source = subprocess.run(
+        ["findmnt", "-no", "SOURCE", str(path)], capture_output=True, text=True, check=True
+    )
+    device = Path(source.stdout.strip()).name
+    Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("tally test: disk failure\n")
+
+
+def unmount_lazily(path: Path) -> None:
+    """Take the file system at `path` away under the processes using it (`umount -l`): the
+    path then shows the directory below, and files open there stay open on the old one."""
+    _run("umount", "--lazy", str(path))
+
+
+def check_and_mount_again(path: Path) -> None:
+    """What an operator does with an ext4 disk that failed, once nothing uses it: unmount,
+    check and repair it, mount it again (read-write)."""
+    image = path.with_name(path.name + ".img")
+    _run("umount", str(path))
+    checked = subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, text=True)
+    if checked.returncode not in (0, 1):  # 1: errors found and fixed
+        raise FilesystemRefused(f"e2fsck {image}: {checked.stdout.strip()}")
+    _run("mount", "-o", EXT4_OPTIONS, str(image), str(path))

@@ -38,6 +38,13 @@ class BookieConfig:
     """Holds `journal/` and `ledgers/` (entry logs and index) unless they are set apart."""
     journal_dir: Path | None = None
     ledger_dir: Path | None = None
+    """One ledger directory: `ledger_dirs` with one path."""
+    ledger_dirs: tuple[Path, ...] = ()
+    """Ledger directories, each on a disk of its own (a TOML list; comma-separated in
+    TALLY_BOOKIE_LEDGER_DIRS and --ledger-dirs). Each ledger is placed on one when it first
+    arrives and stays there (ledger_directories.py); a directory whose disk fails is taken
+    out of service while the others go on. Added to a formatted bookie with
+    `tally shell cookie update`. Neither this nor ledger_dir: `ledgers/` under data_dir."""
     listen: str = "127.0.0.1:3181"
     """host:port to listen on; port 0 picks a free one."""
     bookie_id: str | None = None
@@ -194,6 +201,21 @@ class BookieConfig:
         if self.metrics_port is not None:
             check(0 <= self.metrics_port < 65536, "metrics_port", "must be in 0..65535")
         check(
+            self.ledger_dir is None or not self.ledger_dirs,
+            "ledger_dirs",
+            "give ledger_dir or ledger_dirs, not both",
+        )
+        check(
+            len(set(self.ledger_dirs)) == len(self.ledger_dirs),
+            "ledger_dirs",
+            "names a directory twice",
+        )
+        check(
+            self.journal_directory not in self.ledger_directories,
+            "ledger_dirs" if self.ledger_dirs else "ledger_dir",
+            "the journal needs a directory of its own",
+        )
+        check(
             (self.tls_cert is None) == (self.tls_key is None),
             "tls_cert" if self.tls_cert is None else "tls_key",
             "TLS needs both tls_cert and tls_key",
@@ -226,5 +248,7 @@ class BookieConfig:
         return self.journal_dir or self.data_dir / "journal"
 
     @property
-    def ledger_directory(self) -> Path:
-        return self.ledger_dir or self.data_dir / "ledgers"
+    def ledger_directories(self) -> tuple[Path, ...]:
+        if self.ledger_dirs:
+            return self.ledger_dirs
+        return (self.ledger_dir or self.data_dir / "ledgers",)

@@ -34,7 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import BookieStorage
 from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
 from tally.core.garbage_collection import (
@@ -141,7 +141,7 @@ class GarbageCollector:
 
     def __init__(
         self,
-        storage: LedgerStorage,
+        storage: BookieStorage,
         store: MetadataStore,
         bookie_id: str,
         *,

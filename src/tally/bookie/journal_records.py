@@ -13,7 +13,7 @@ import struct
 
 from tally.bookie.journal_entries import ENTRY_HEAD, RecordType, kept_location
 from tally.bookie.journal_format import JournalMark
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import BookieStorage
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
@@ -53,7 +53,7 @@ def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
     )
 
 
-def apply(record: bytes, storage: LedgerStorage, kept_at: JournalMark | None = None) -> LedgerId:
+def apply(record: bytes, storage: BookieStorage, kept_at: JournalMark | None = None) -> LedgerId:
     """Re-apply one journal record to `storage` (at start-up, after the last checkpoint);
     returns the ledger it is about.
 

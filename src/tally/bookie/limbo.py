@@ -4,6 +4,10 @@ A journal replay that finds damage (a stretch of acknowledged records that no lo
 cannot know which records it lost; `tally.core.limbo.ledgers_to_limbo` says which ledgers
 go into limbo (ledger_storage.py), fenced and answering "unknown" for what they lack.
 
+A ledger directory whose disk fails puts its ledgers in limbo too, on the directories still
+in service (ledger_directories.py), and `mark_lost` marks them at once, open ones included,
+so that the bounded segments of an open ledger are repaired without waiting for its close.
+
 The watch then looks at each ledger in limbo every `limbo_check_interval` seconds and lets
 `tally.core.limbo` judge it against its metadata: a closed ledger whose entries this bookie
 all holds leaves limbo; one that lacks entries is marked under-replicated, naming this
@@ -17,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import BookieStorage
 from tally.core.errors import NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
 from tally.core.limbo import LimboVerdict, check_limbo
@@ -42,7 +46,7 @@ class LimboWatch:
 
     def __init__(
         self,
-        storage: LedgerStorage,
+        storage: BookieStorage,
         store: MetadataStore,
         bookie_id: str,
         interval: float,
@@ -89,14 +93,44 @@ class LimboWatch:
                 self._bookie_id,
                 ledger_id.qualified_name,
             )
-        elif check.verdict is LimboVerdict.MISSING:
-            mark = await self._marks.under_replicated(ledger_id)
-            if mark is None or self._bookie_id not in mark.missing_bookies:
-                await self._marks.mark_under_replicated(ledger_id, {self._bookie_id})
+        elif check.verdict is LimboVerdict.MISSING and await self._mark(ledger_id):
+            log.warning(
+                "bookie %s: ledger %s in limbo lacks %d entries here: marked "
+                "under-replicated for their repair",
+                self._bookie_id,
+                ledger_id.qualified_name,
+                len(check.missing),
+            )
+
+    async def mark_lost(self, ledger_ids: Collection[LedgerId]) -> None:
+        """Mark ledgers this bookie lost with a failed disk under-replicated, naming this
+        bookie; a metadata error leaves a ledger to the watch's next look (once closed)."""
+        marked = 0
+        for ledger_id in sorted(ledger_ids):
+            try:
+                marked += await self._mark(ledger_id)
+            except TallyError as error:
                 log.warning(
-                    "bookie %s: ledger %s in limbo lacks %d entries here: marked "
-                    "under-replicated for their repair",
+                    "bookie %s: ledger %s, lost with a failed disk: cannot mark it now: %s",
                     self._bookie_id,
                     ledger_id.qualified_name,
-                    len(check.missing),
+                    error,
                 )
+        if ledger_ids:
+            log.warning(
+                "bookie %s: %d ledgers lost with a failed disk marked under-replicated for "
+                "their repair (%d newly): %s",
+                self._bookie_id,
+                len(ledger_ids),
+                marked,
+                describe(ledger_ids),
+            )
+        self._on_change(len(self._storage.limbo_ledgers()))
+
+    async def _mark(self, ledger_id: LedgerId) -> bool:
+        """Mark the ledger under-replicated naming this bookie; whether it was not yet."""
+        mark = await self._marks.under_replicated(ledger_id)
+        if mark is not None and self._bookie_id in mark.missing_bookies:
+            return False
+        await self._marks.mark_under_replicated(ledger_id, {self._bookie_id})
+        return True

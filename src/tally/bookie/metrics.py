@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from tally.bookie.compactor import GcStats
 from tally.bookie.journal import JournalStats
+from tally.bookie.ledger_directories import LedgerDirectory
 from tally.bookie.ledger_storage import LedgerStorageStats
 from tally.core.compaction import FileKind
 from tally.core.receive_limits import ReceiveBudget
@@ -114,10 +115,11 @@ class BookieMetrics:
         self,
         journal: Callable[[], JournalStats],
         storage: Callable[[], LedgerStorageStats],
-        index_dir: Path,
+        directories: Callable[[], list[LedgerDirectory]],
     ) -> None:
-        """Export the journal's and the storage's counters at scrape time."""
-        self.registry.register(_StorageCollector(journal, storage, index_dir))
+        """Export the journal's, the storage's and the ledger directories' figures at scrape
+        time."""
+        self.registry.register(_StorageCollector(journal, storage, directories))
 
 
 class RequestCounter(Collector):
@@ -171,11 +173,11 @@ class _StorageCollector(Collector):
         self,
         journal: Callable[[], JournalStats],
         storage: Callable[[], LedgerStorageStats],
-        index_dir: Path,
+        directories: Callable[[], list[LedgerDirectory]],
     ) -> None:
         self._journal = journal
         self._storage = storage
-        self._index_dir = index_dir
+        self._directories = directories
 
     def collect(
         self,
@@ -239,15 +241,31 @@ class _StorageCollector(Collector):
             "Duration of the last checkpoint",
             value=storage.last_checkpoint_seconds,
         )
+        directories = self._directories()
+        serving = [Path(d.name) for d in directories if not d.failed]
         yield GaugeMetricFamily(
-            "bookie_index_bytes", "Size of the entry index on disk", value=_size(self._index_dir)
+            "bookie_index_bytes",
+            "Size of the entry indexes on disk",
+            value=sum(_size(d / "index") for d in serving),
         )
-        usage = shutil.disk_usage(self._index_dir)
         yield GaugeMetricFamily(
             "bookie_ledger_disk_usage_ratio",
-            "Used fraction of the ledger disk",
-            value=usage.used / usage.total if usage.total else 0.0,
+            "Used fraction of the fullest ledger disk in service",
+            value=max((_used(d) for d in serving), default=0.0),
         )
+        failed = GaugeMetricFamily(
+            "bookie_ledger_dir_failed",
+            "1 for a ledger directory out of service since its disk failed",
+            labels=("dir",),
+        )
+        ledgers = GaugeMetricFamily(
+            "bookie_ledger_dir_ledgers", "Ledgers placed on each ledger directory", labels=("dir",)
+        )
+        for directory in directories:
+            failed.add_metric((directory.name,), 1 if directory.failed else 0)
+            ledgers.add_metric((directory.name,), directory.ledgers)
+        yield failed
+        yield ledgers
         yield from _gc_metrics(storage.gc)
         yield from _scrub_metrics(storage)
 
@@ -371,6 +389,14 @@ def _gc_metrics(
 def _le(bound: float) -> str:
     """A bucket's bound as Prometheus's client libraries write it."""
     return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def _used(directory: Path) -> float:
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError:  # failing just now: the next scrape leaves it out
+        return 0.0
+    return usage.used / usage.total if usage.total else 0.0
 
 
 def _size(directory: Path) -> int:

@@ -22,7 +22,7 @@ from tally.bookie.connection import BookieConnectionHandler
 from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import kept_location
 from tally.bookie.journal_format import JournalMark
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import BookieStorage
 from tally.bookie.metrics import BookieMetrics
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
@@ -52,7 +52,7 @@ class BookieRequestProcessor:
         self,
         bookie_id: str,
         journal: Journal,
-        storage: LedgerStorage,
+        storage: BookieStorage,
         metrics: BookieMetrics,
         disk: DiskState,
         *,

@@ -1,6 +1,7 @@
 """The bookie's background scrubber (BookKeeper's ScrubberService): scrub passes over ledger
 storage, one every `scrub_interval`, at a bounded rate, and one at full speed when an
-operator asks (`tally shell scrub --now`, `PUT /api/v1/bookie/scrub`).
+operator asks (`tally shell scrub --now`, `PUT /api/v1/bookie/scrub`). Each ledger
+directory has its own (`ScrubberServices` holds them).
 
 `tally.core.scrub` decides when a pass is due and how fast it reads; ledger storage does a
 step of it at a time in a worker thread (scrubber.py); between two steps this task waits
@@ -151,6 +152,73 @@ class ScrubberService:
     def corrupt_entries(self, ledger_id: LedgerId | None = None) -> list[dict[str, Any]]:
         """The entries marked corrupt (of `ledger_id`, or all), as the admin HTTP shows them."""
         return [corrupt_view(found) for found in self._storage.corrupt_entries(ledger_id)]
+
+
+class ScrubberServices:
+    """The scrubbers of a bookie's ledger directories, one each (every disk is scrubbed at
+    its own rate, all at once), as one for the operator: a pass now is a pass of each, and
+    the status of several adds theirs up, each under `ledger_dirs`."""
+
+    def __init__(self, services: dict[str, ScrubberService]) -> None:
+        """`services`: by ledger directory."""
+        self._services = dict(services)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self) -> None:
+        """Run every directory's scrubber until cancelled (or until its storage closes)."""
+        self._tasks = {
+            name: asyncio.create_task(service.run(), name=f"scrub {name}")
+            for name, service in self._services.items()
+        }
+        try:
+            ended = await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+        for error in ended:
+            if isinstance(error, Exception):
+                log.error("a ledger directory's scrubber failed", exc_info=error)
+
+    def stop(self, name: str) -> None:
+        """Stop the scrubber of a directory taken out of service."""
+        self._services.pop(name, None)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def trigger(self, *, wait: bool = False) -> dict[str, Any]:
+        """A pass now, of every directory (`ScrubberService.trigger`)."""
+        await asyncio.gather(*(s.trigger(wait=wait) for s in self._services.values()))
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        """As `ScrubberService.status` for one directory; for several, theirs added up (the
+        rates summed, the passes all listed, the pass under way any one's, the next due
+        the soonest), with each under `ledger_dirs`."""
+        statuses = {name: service.status() for name, service in self._services.items()}
+        if len(statuses) == 1:
+            return next(iter(statuses.values()))
+        dues = [s["next_pass_due"] for s in statuses.values() if s["next_pass_due"] is not None]
+        passes = [done for s in statuses.values() for done in s["passes"]]
+        first = next(iter(statuses.values()), None)
+        return {
+            "interval": first["interval"] if first else 0.0,
+            "rate_bytes_per_second": sum(s["rate_bytes_per_second"] for s in statuses.values()),
+            "rate_configured": bool(first and first["rate_configured"]),
+            "requested": any(s["requested"] for s in statuses.values()),
+            "current": next((s["current"] for s in statuses.values() if s["current"]), None),
+            "passes": sorted(passes, key=lambda done: done["ended"], reverse=True),
+            "next_pass_due": min(dues) if dues else None,
+            "corrupt_entries": sum(s["corrupt_entries"] for s in statuses.values()),
+            "ledger_dirs": statuses,
+        }
+
+    def corrupt_entries(self, ledger_id: LedgerId | None = None) -> list[dict[str, Any]]:
+        return [
+            found
+            for service in self._services.values()
+            for found in service.corrupt_entries(ledger_id)
+        ]
 
 
 def pass_view(scrub: ScrubPass) -> dict[str, Any]:

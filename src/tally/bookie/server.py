@@ -34,13 +34,14 @@ from tally.bookie.connection import BookieConnectionHandler, close_stalled
 from tally.bookie.cookie_check import verify_or_format
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
 from tally.bookie.journal import Journal, out_of_space
-from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, JournalEntries
+from tally.bookie.journal_entries import KEPT_ENTRY_SIZE
 from tally.bookie.journal_format import JournalMark
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import LedgerDirectories
+from tally.bookie.ledger_placement import recorded_failures
 from tally.bookie.limbo import LimboWatch, describe
 from tally.bookie.metrics import BookieMetrics
 from tally.bookie.requests import BookieRequestProcessor
-from tally.bookie.scrubber_service import ScrubberService
+from tally.bookie.scrubber_service import ScrubberService, ScrubberServices
 from tally.core import protocol
 from tally.core.addresses import join_host_port, split_host_port
 from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
@@ -88,13 +89,19 @@ class Bookie:
         self._registry: BookieRegistry | None = None
         self._server: asyncio.Server | None = None
         self._journal: Journal | None = None
-        self._storage: LedgerStorage | None = None
+        self._storage: LedgerDirectories | None = None
         self._keeps_entries = False
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
         self._gc: GarbageCollector | None = None
-        self._scrubber: ScrubberService | None = None
+        self._scrubber: ScrubberServices | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._limbo: LimboWatch | None = None
+        self._probe_wanted = asyncio.Event()
+        """Set by an error that asks for a probe of a ledger directory: the disk check
+        then runs at once."""
+        self._failures: set[asyncio.Task[None]] = set()
+        """What follows the failures of ledger directories (marks, registration)."""
         self._checkpointing = threading.Lock()
         """Held by a checkpoint from taking its mark to the journal's release: two at once
         could write an older mark after the newer one's release deleted its journal file."""
@@ -104,7 +111,8 @@ class Bookie:
         self._stopped = asyncio.Event()
         self.lost_session = False
         """Whether it stopped because its metadata store session was lost, not on request."""
-        self._registered_mode: BookieMode | None = None
+        self._registered: tuple[BookieMode, tuple[str, ...]] | None = None
+        """The mode and failed ledger directories of the registration in the store."""
         self._registering = asyncio.Lock()
         retained = min(2 * config.write_cache_max_bytes, MAX_RETAINED_ARENA_BYTES)
         self.receive_arenas = ReceiveArenas(RECEIVE_ARENA_SIZE, retained // RECEIVE_ARENA_SIZE)
@@ -122,7 +130,7 @@ class Bookie:
         return self._journal
 
     @property
-    def storage(self) -> LedgerStorage:
+    def storage(self) -> LedgerDirectories:
         assert self._storage is not None, "bookie not started"
         return self._storage
 
@@ -132,7 +140,7 @@ class Bookie:
         return self._gc
 
     @property
-    def scrubber(self) -> ScrubberService:
+    def scrubber(self) -> ScrubberServices:
         assert self._scrubber is not None, "bookie not started"
         return self._scrubber
 
@@ -170,17 +178,28 @@ class Bookie:
         self.address = join_host_port(host, self._server.sockets[0].getsockname()[1])
         self.bookie_id = config.bookie_id or self.address
 
-        journal_dir, ledger_dir = config.journal_directory, config.ledger_directory
+        journal_dir, ledger_dirs = config.journal_directory, config.ledger_directories
         cookie = await verify_or_format(
             CookieManager(self._store),
             self.bookie_id,
-            [journal_dir, ledger_dir],
+            [journal_dir, *ledger_dirs],
             cluster.instance_id,
+            failed=recorded_failures(journal_dir),
         )
         keep = config.keep_large_entries_in_journal
-        if keep is None:
-            keep = journal_dir.stat().st_dev == ledger_dir.stat().st_dev
-        self._keeps_entries = keep
+        journal_device = journal_dir.stat().st_dev
+        self._storage = LedgerDirectories(
+            ledger_dirs,
+            journal_dir,
+            keeps_entries=lambda d: d.stat().st_dev == journal_device if keep is None else keep,
+            log_size_limit=config.entry_log_size_limit,
+            direct_io=config.direct_io,
+            gc=config.gc_settings,
+            on_corrupt=self._corrupt_found,
+            on_failure=lambda *failure: _call_soon(loop, self._directory_failed, *failure),
+            on_unclear_error=lambda: _call_soon(loop, self._probe_wanted.set),
+        )
+        self._keeps_entries = keep = self._storage.keeps_entries
         log.info(
             "bookie %s: entries of %d bytes or more %s",
             self.bookie_id,
@@ -188,14 +207,6 @@ class Bookie:
             "stay in the journal (it shares a disk with the ledgers, or the setting says so)"
             if keep
             else "are copied into entry logs at each checkpoint",
-        )
-        self._storage = LedgerStorage(
-            ledger_dir,
-            log_size_limit=config.entry_log_size_limit,
-            direct_io=config.direct_io,
-            journal_entries=JournalEntries(journal_dir) if keep else None,
-            gc=config.gc_settings,
-            on_corrupt=self._corrupt_found,
         )
         self._journal = Journal(
             journal_dir,
@@ -232,7 +243,7 @@ class Bookie:
         )
 
         self.metrics.watch(
-            lambda: self.journal.stats, lambda: self.storage.stats(), ledger_dir / "index"
+            lambda: self.journal.stats, lambda: self.storage.stats(), self.storage.directories
         )
         if config.metrics_port is not None and self._admin_http is not None:
             self._http_task, self.metrics_port = await self._admin_http(
@@ -248,13 +259,15 @@ class Bookie:
         self._bad_copies = BadCopyReports(
             UnderReplicationManager(self._store), self.metrics.corrupt_entries_reported.inc
         )
-        limbo = LimboWatch(
+        limbo = self._limbo = LimboWatch(
             self.storage,
             self._store,
             self.bookie_id,
             config.limbo_check_interval,
             self.metrics.ledgers_in_limbo.set,
         )
+        if self.storage.lost_at_start:
+            self._after_failure(self.storage.lost_at_start)
         self._gc = GarbageCollector(
             self.storage,
             self._store,
@@ -264,11 +277,16 @@ class Bookie:
             checkpoint=lambda: asyncio.to_thread(self._checkpoint_now),
             metrics=GcMetrics(self.metrics.registry),
         )
-        self._scrubber = ScrubberService(
-            self.storage,
-            self.bookie_id,
-            config.scrub_policy,
-            disk_bytes=lambda: shutil.disk_usage(ledger_dir).total,
+        self._scrubber = ScrubberServices(
+            {
+                name: ScrubberService(
+                    storage,
+                    self.bookie_id,
+                    config.scrub_policy,
+                    disk_bytes=_disk_size(path),
+                )
+                for name, path, storage in self.storage.storages()
+            }
         )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
@@ -347,9 +365,9 @@ class Bookie:
             await self._stopped.wait()
             return
         self._stopping = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._failures]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._failures]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._server is not None:
@@ -359,7 +377,10 @@ class Bookie:
         if self._journal is not None:
             await self._journal.close()
             if self._storage is not None:
-                await asyncio.to_thread(self._checkpoint_now)
+                try:
+                    await asyncio.to_thread(self._checkpoint_now)
+                except WriteFailed as error:  # the journal keeps what it could not write
+                    log.error("bookie %s: last checkpoint failed: %s", self.bookie_id, error)
         if self._storage is not None:
             self._storage.close()
         if self._registry is not None:
@@ -448,11 +469,16 @@ class Bookie:
             self.journal.release_before(mark, keep=self.storage.kept_journal_files())
 
     async def _disk_loop(self) -> None:
-        """Check the disks, try a new journal file when one is due, and register the mode
-        whenever it differs from the registered one: after a change here or after an I/O
-        error, and again after a failed attempt."""
+        """Check the disks (a probe of each ledger directory in service, then the usage),
+        try a new journal file when one is due, and register the mode and the failed ledger
+        directories whenever they differ from the registered ones: after a change here or
+        after an I/O error, and again after a failed attempt. An error that asks for a probe
+        starts a check at once."""
         while True:
-            await asyncio.sleep(self.config.disk_check_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._probe_wanted.wait(), self.config.disk_check_interval)
+            self._probe_wanted.clear()
+            await self._probe_ledger_dirs()
             self._refresh_disk_usage()
             await self._retry_journal()
             try:
@@ -465,12 +491,51 @@ class Bookie:
                     error,
                 )
 
+    async def _probe_ledger_dirs(self) -> None:
+        """Probe each ledger directory in service in a worker thread; one that does not
+        answer within LEDGER_DIR_PROBE_TIMEOUT has failed (its thread is left to hang)."""
+        for directory in self.storage.directories():
+            if directory.failed:
+                continue
+            try:
+                await asyncio.wait_for(
+                    asyncio.to_thread(self.storage.probe, directory.name),
+                    LEDGER_DIR_PROBE_TIMEOUT,
+                )
+            except TimeoutError:
+                self.storage.probe_unfinished(directory.name, LEDGER_DIR_PROBE_TIMEOUT)
+
     def _refresh_disk_usage(self) -> None:
-        """Feed the fullest data disk's usage in."""
-        used = max(
-            _used_fraction(d) for d in (self.config.journal_directory, self.config.ledger_directory)
-        )
+        """Feed the fullest data disk's usage in: the journal's or a ledger directory's in
+        service."""
+        ledgers = self.storage.refresh_usage(self.config.disk_usage_threshold)
+        used = max(_used_fraction(self.config.journal_directory), ledgers)
         self.disk = self.disk.with_usage(used)
+
+    def _directory_failed(self, name: str, reason: str, ledgers: list[LedgerId]) -> None:
+        """A ledger directory failed (the event loop): its scrubber stops, the bookie
+        registers anew (its failed directories are in its registration), the ledgers placed
+        again elsewhere are marked for repair, and its storage is closed. With none left in
+        service the bookie turns read-only."""
+        if self._stopping:
+            return
+        if self._scrubber is not None:
+            self._scrubber.stop(name)
+        if all(d.failed for d in self.storage.directories()):
+            self._io_error(f"every ledger directory failed; the last, {name}: {reason}")
+        self._after_failure(ledgers)
+
+    def _after_failure(self, ledgers: list[LedgerId]) -> None:
+        async def follow_up() -> None:
+            with contextlib.suppress(TallyError):  # the disk check registers it again
+                await self._register()
+            if self._limbo is not None:
+                await self._limbo.mark_lost(ledgers)
+            await asyncio.to_thread(self.storage.close_failed)  # may wait on a hung disk
+
+        task = asyncio.get_running_loop().create_task(follow_up(), name="ledger-dir-failed")
+        self._failures.add(task)
+        task.add_done_callback(self._failures.discard)
 
     def _io_error(self, description: str) -> None:
         if self._change_disk(self.disk.with_io_error(description)):
@@ -533,16 +598,18 @@ class Bookie:
 
     async def _register_mode(self) -> None:
         mode = self.disk.mode
-        if mode is self._registered_mode or self._registry is None:
+        failed = tuple(sorted(self.storage.failed_directories()))
+        if (mode, failed) == self._registered or self._registry is None:
             return
         info = BookieInfo(
             address=self.address,
             http_port=self.metrics_port,
             version=__version__,
             start_time_ms=int(time.time() * 1000),
+            failed_ledger_dirs=failed,
         )
         await self._registry.register(self.bookie_id, info, read_only=mode is BookieMode.READ_ONLY)
-        self._registered_mode = mode
+        self._registered = (mode, failed)
         self.metrics.read_only.set(1 if mode is BookieMode.READ_ONLY else 0)
         log.info("bookie %s registered %s (%s)", self.bookie_id, mode.value, self.disk.reason)
 
@@ -552,6 +619,9 @@ RECEIVE_ARENA_SIZE = 1 << 20
 so a sixteenth of them are, where with asyncio's 256 KiB reads a quarter were."""
 MAX_RETAINED_ARENA_BYTES = 256 << 20
 """The most that retired arenas may hold, free or still viewed, for reuse."""
+LEDGER_DIR_PROBE_TIMEOUT = 30.0
+"""Seconds a probe of a ledger directory may take before the directory counts as failed
+(a disk that hangs)."""
 
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between two collections of the youngest generation (Python's default: 700)."""
@@ -570,6 +640,14 @@ def tune_garbage_collector() -> None:
     """
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def _call_soon(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
+) -> None:
+    """Call `callback` on the bookie's loop, from any thread; nothing once it has closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
 
 
 def _placement(rack: str) -> BookiePlacement:
@@ -595,6 +673,10 @@ def _entry_list(entry_ids: list[int], shown: int = 20) -> str:
     more = len(entry_ids) - shown
     listed = ", ".join(str(entry_id) for entry_id in entry_ids[:shown])
     return f"{listed} and {more} more" if more > 0 else listed
+
+
+def _disk_size(directory: Path) -> Callable[[], int]:
+    return lambda: shutil.disk_usage(directory).total
 
 
 def _used_fraction(directory: Path) -> float:

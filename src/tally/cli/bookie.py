@@ -30,6 +30,13 @@ from tally.metadata.store import MetadataStore
 def run(
     metadata: Metadata = None,
     data_dir: Annotated[Path | None, typer.Option(help="Journal and ledger storage root.")] = None,
+    ledger_dirs: Annotated[
+        str | None,
+        typer.Option(
+            help="Ledger directories, comma-separated, each on a disk of its own "
+            "(default: ledgers/ under the data dir)."
+        ),
+    ] = None,
     listen: Annotated[
         str | None, typer.Option(help="host:port to listen on (port 0: any free one).")
     ] = None,
@@ -60,6 +67,7 @@ def run(
             overrides={
                 "metadata": metadata,
                 "data_dir": data_dir,
+                "ledger_dirs": ledger_dirs,
                 "listen": listen,
                 "bookie_id": bookie_id,
                 "rack": rack,

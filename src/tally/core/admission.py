@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.disk_usage import BookieMode, DiskState
-from tally.core.errors import BadRequest, LedgerFenced, Unauthorized, WriteOnReadOnlyBookie
+from tally.core.errors import (
+    BadRequest,
+    LedgerFenced,
+    Unauthorized,
+    WriteFailed,
+    WriteOnReadOnlyBookie,
+)
 from tally.core.ids import LedgerId
 
 
@@ -27,6 +33,9 @@ class LedgerAccess:
 
     master_key: bytes | None = None
     fenced: bool = False
+    lost: bool = False
+    """The bookie lost its copy of the ledger with a failed disk: its fence may be lost too,
+    and the ledger is being repaired here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +63,16 @@ def admit_write(disk: DiskState, bookie_id: str, *, recovery: bool) -> None:
 def admit_add(
     ledger_id: LedgerId, access: LedgerAccess, master_key: bytes, *, recovery: bool
 ) -> Admission:
-    """Accept an add, or raise Unauthorized (wrong key) or LedgerFenced (normal add after
-    fencing). Recovery adds pass a fence: they are how recovery re-writes entries."""
+    """Accept an add, or raise Unauthorized (wrong key), LedgerFenced (normal add after
+    fencing) or WriteFailed (normal add to a ledger lost with a disk, so that its writer
+    changes ensemble rather than stop as fenced). Recovery adds pass a fence: they are how
+    recovery and repairs re-write entries."""
     _check_key(ledger_id, access, master_key)
+    if access.lost and not recovery:
+        raise WriteFailed(
+            f"ledger {ledger_id}: this bookie lost its copy with a failed ledger directory "
+            "and is being repaired: normal adds refused, write to another bookie"
+        )
     if access.fenced and not recovery:
         raise LedgerFenced(f"ledger {ledger_id} is fenced on this bookie: normal adds refused")
     return Admission(record_master_key=access.master_key is None, record_fence=False)

@@ -23,6 +23,7 @@ import enum
 import shutil
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import uvicorn
@@ -35,7 +36,8 @@ from pydantic import BaseModel, Field
 
 from tally.bookie.config import BookieConfig
 from tally.bookie.garbage_collector import GarbageCollector, Orphan
-from tally.bookie.scrubber_service import ScrubberService
+from tally.bookie.ledger_directories import LedgerDirectories
+from tally.bookie.scrubber_service import ScrubberServices
 from tally.client.client import Client
 from tally.core.disk_usage import DiskState
 from tally.core.errors import (
@@ -84,7 +86,9 @@ class LocalBookie(Protocol):
     @property
     def garbage_collector(self) -> GarbageCollector: ...
     @property
-    def scrubber(self) -> ScrubberService: ...
+    def storage(self) -> LedgerDirectories: ...
+    @property
+    def scrubber(self) -> ScrubberServices: ...
 
 
 LedgerQuery = Annotated[str, Query(description="Ledger id (42) or qualified name (32 hex digits)")]
@@ -206,7 +210,9 @@ def create_app(
         if bookie is None:
             return _error(404, "NoBookie", "this process runs no bookie; see /api/v1/bookie/list")
         config = bookie.config
-        usage = await asyncio.to_thread(shutil.disk_usage, config.ledger_directory)
+        directories = bookie.storage.directories()
+        serving = [Path(d.name) for d in directories if not d.failed]
+        usages = await asyncio.to_thread(lambda: [shutil.disk_usage(d) for d in serving])
         return {
             "bookie_id": bookie.bookie_id,
             "address": bookie.address,
@@ -214,9 +220,13 @@ def create_app(
             "state_reason": bookie.disk.reason,
             "version": __version__,
             "journal_directory": str(config.journal_directory),
-            "ledger_directory": str(config.ledger_directory),
-            "total_space": usage.total,
-            "free_space": usage.free,
+            "ledger_directory": str(config.ledger_directories[0]),
+            "ledger_directories": [
+                {"directory": d.name, "failed": d.failed, "reason": d.reason, "ledgers": d.ledgers}
+                for d in directories
+            ],
+            "total_space": sum(usage.total for usage in usages),
+            "free_space": sum(usage.free for usage in usages),
         }
 
     @app.get("/api/v1/bookie/list", summary="Registered bookies", responses=_documented(503))

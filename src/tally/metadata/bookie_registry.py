@@ -45,7 +45,7 @@ PREVIOUS_SESSION_POLL = 0.05
 """Seconds between two looks at a registration held by another session."""
 
 _INFO_KIND = "bookie-info"
-_INFO_FIELDS = frozenset({"address", "http_port", "version", "start_time_ms"})
+_INFO_FIELDS = frozenset({"address", "http_port", "version", "start_time_ms", "failed_ledger_dirs"})
 _PLACEMENT_KIND = "bookie-placement"
 _PLACEMENT_FIELDS = frozenset({"rack", "zone"})
 
@@ -60,6 +60,8 @@ class BookieInfo:
     """The admin HTTP port, if the bookie serves one."""
     version: str
     start_time_ms: int
+    failed_ledger_dirs: tuple[str, ...] = ()
+    """Its ledger directories out of service since their disks failed."""
 
     def __post_init__(self) -> None:
         for name in ("address", "version"):
@@ -73,6 +75,12 @@ class BookieInfo:
             raise BadRequest(f"http port must be in 1..65535 or None, got {port!r}")
         if not isinstance(self.start_time_ms, int) or self.start_time_ms < 0:
             raise BadRequest(f"start time must be a non-negative int, got {self.start_time_ms!r}")
+        if not isinstance(self.failed_ledger_dirs, tuple) or not all(
+            isinstance(d, str) and d for d in self.failed_ledger_dirs
+        ):
+            raise BadRequest(
+                f"failed ledger dirs must be a tuple of paths, got {self.failed_ledger_dirs!r}"
+            )
 
     def to_bytes(self) -> bytes:
         return json_records.encode(
@@ -82,6 +90,7 @@ class BookieInfo:
                 "http_port": self.http_port,
                 "version": self.version,
                 "start_time_ms": self.start_time_ms,
+                "failed_ledger_dirs": list(self.failed_ledger_dirs),
             },
         )
 
@@ -94,6 +103,10 @@ class BookieInfo:
                 http_port=record.optional_integer("http_port"),
                 version=record.text("version"),
                 start_time_ms=record.integer("start_time_ms"),
+                # absent from the registrations of bookies older than the field
+                failed_ledger_dirs=record.texts("failed_ledger_dirs")
+                if "failed_ledger_dirs" in record.names
+                else (),
             )
 
 

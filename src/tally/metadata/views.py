@@ -31,6 +31,7 @@ def bookie_view(
         "version": info.version if info else None,
         "start_time_ms": info.start_time_ms if info else None,
         "rack": placement.rack if placement else None,
+        "failed_ledger_dirs": list(info.failed_ledger_dirs) if info else None,
     }
 
 

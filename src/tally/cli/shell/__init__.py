@@ -73,6 +73,7 @@ cookie_app = typer.Typer(
     name="cookie", help="A bookie's cookie in the store.", no_args_is_help=True
 )
 cookie_app.command("get")(cookies.cookie_get)
+cookie_app.command("update")(cookies.cookie_update)
 cookie_app.command("delete")(cookies.cookie_delete)
 app.add_typer(cookie_app)
 

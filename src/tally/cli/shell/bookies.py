@@ -66,7 +66,8 @@ def list_bookies(
 
 
 def bookie_info(bookie: Bookie, metadata: Metadata = None, json_output: Json = False) -> None:
-    """A bookie's registration, placement and cookie, and whether it accepts connections."""
+    """A bookie's registration (with its failed ledger directories), placement and cookie,
+    and whether it accepts connections."""
 
     async def look(store: MetadataStore) -> dict[str, Any]:
         registry = BookieRegistry(store)
@@ -96,6 +97,7 @@ def bookie_info(bookie: Bookie, metadata: Metadata = None, json_output: Json = F
         return
     view["start_time_ms"] = output.local_time(view["start_time_ms"])
     view["directories"] = " ".join(view["directories"] or ())
+    view["failed_ledger_dirs"] = " ".join(view["failed_ledger_dirs"] or ()) or "-"
     rows = [(name.replace("_", " "), value) for name, value in view.items()]
     output.console().print(output.table(f"bookie {bookie}", ("field", "value"), rows))
 

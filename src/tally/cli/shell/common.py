@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from tally.bookie.config import BookieConfig
 from tally.cli.options import ConfigFile
 from tally.client.client import Client
 from tally.client.config import ClientConfig
@@ -150,6 +151,12 @@ async def _store(metadata: str | None) -> AsyncIterator[MetadataStore]:
         yield store
     finally:
         await store.close()
+
+
+def bookie_config(overrides: dict[str, Any]) -> BookieConfig:
+    """A bookie's configuration as `tally bookie` loads it: the [bookie] section of the
+    shell's --config, TALLY_BOOKIE_* variables, then `overrides` (flags; None: not given)."""
+    return load(BookieConfig, "bookie", file=_config_file[0], overrides=overrides)
 
 
 @contextlib.asynccontextmanager
