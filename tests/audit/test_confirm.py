@@ -22,7 +22,7 @@ import pytest
 import tally
 from tally.audit import schema
 from tally.audit.confirm import CONFIRMED, CONFIRMED_JSON, confirm
-from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.ledger_directories import LedgerDirectories
 from tally.core.deletion import ClusterSettings
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import VIOLATION_CATEGORIES, Category
@@ -82,8 +82,8 @@ def ledgers(cluster: Cluster) -> Ledgers:
     victim = found.metadata["damaged"].segments[0].ensemble[0]
     bookie = cluster.bookie(victim)
     bookie.stop()
-    storage = LedgerStorage(bookie.data_dir / "ledgers")
-    try:
+    storage = LedgerDirectories([bookie.data_dir / "ledgers"], bookie.data_dir / "journal")
+    try:  # its index and its placement record: a ledger only the placement knows is in limbo
         for name in ("damaged", "damaged_unjudged"):
             assert storage.forget_entries(found[name], LOST) == len(LOST)
         storage.delete_ledger(found["wiped"])
