@@ -32,10 +32,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench_bookie import BookieServer, cpu_pressure, encoded, init_metadata, pipelined, running
+from bench_gc import wait_for
 from bench_journal import drop_cache, raw_read
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.client.bookie_connection import BookieConnection
@@ -140,14 +141,6 @@ def scrub_status(server: BookieServer, method: str = "GET") -> dict[str, object]
     with urllib.request.urlopen(request, timeout=60) as answer:
         status: dict[str, object] = json.load(answer)
     return status
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout} s")
-        time.sleep(0.05)
 
 
 def adds_while_scrubbing(metadata: str, scratch: Path, total: int) -> dict[str, float]:
