@@ -188,6 +188,41 @@ def test_records_longer_than_a_read_are_checked_in_pieces(
     storage.close()
 
 
+def test_records_the_index_no_longer_points_at_are_skipped_inside_a_run_even_when_rotten(
+    tmp_path: Path,
+) -> None:
+    """A run of records of one ledger is checked against the index at once: entries
+    re-added since (their old records are garbage in the middle of the run), entries
+    forgotten, and a deleted ledger's records are not counted, and their rot is no alarm;
+    rot in the middle of a run is found, and the records around it still count."""
+    storage = opened(tmp_path / "bookie")
+    model = fill(storage, LEDGERS[:4], 40, rounds=1)
+    replaced = [(LEDGERS[0], entry_id) for entry_id in (3, 4, 17)]
+    old = {key: storage._index.location(*key) for key in replaced}
+    for key in replaced:
+        model[key] = add(storage, *key, version=1)
+    storage.checkpoint(b"re-added")
+    assert storage.forget_entries(LEDGERS[1], [20, 21]) == 2
+    for entry_id in (20, 21):
+        del model[LEDGERS[1], entry_id]
+    gone = storage._index.location(LEDGERS[3], 5)
+    delete(storage, model, [LEDGERS[3]])
+    assert scrub_pass(storage).entries == len(model)
+    logs = storage.directory / "logs"
+    for location in [*old.values(), gone]:
+        assert isinstance(location, Location)
+        flip(logs / log_file_name(location.log_id), location.offset + RECORD_HEADER_SIZE + 1)
+    flip_entry(storage, LEDGERS[2], 30, within=RECORD_HEADER_SIZE + 2)
+    second = scrub_pass(storage)
+    assert (second.entries, second.corrupt) == (len(model), 1)
+    assert [(mark.ledger_id, mark.entry_id) for mark in storage.corrupt_entries()] == [
+        (LEDGERS[2], 30)
+    ]
+    del model[LEDGERS[2], 30]
+    check_all(storage, model)
+    storage.close()
+
+
 def test_a_corrupt_entry_kept_in_a_journal_file_is_found(tmp_path: Path) -> None:
     storage, model, _, _ = with_kept_entries(tmp_path)
     found: Found = []

@@ -377,12 +377,11 @@ class EntryLog:
         except FileNotFoundError:
             return None
 
-    def read_span(self, log_id: int, offset: int, size: int, *, ahead: int = 0) -> bytes | None:
+    def read_span(self, log_id: int, offset: int, size: int) -> bytes | None:
         """`size` bytes of log `log_id` from `offset`, read past the page cache (what it
-        held of them is dropped): for the scrubber, which reads every record once, and has
-        the kernel read the `ahead` bytes after them meanwhile. None if part of them is
-        still in the write buffer; EntryUnreadable if they cannot be read (a short read
-        returns fewer bytes)."""
+        held of them is dropped): for the scrubber, which reads every record once. None if
+        part of them is still in the write buffer; EntryUnreadable if they cannot be read
+        (a short read returns fewer bytes)."""
         with self._lock:
             if log_id == self._current and offset + size > self._written:
                 return None

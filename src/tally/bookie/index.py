@@ -71,6 +71,9 @@ from tally.core.ids import LedgerId
 from tally.core.scrub import ScrubPass, ScrubTrigger
 
 Int64Array = npt.NDArray[np.int64]
+LOCATION_DTYPE = np.dtype([("log_id", ">u4"), ("offset", ">u8"), ("size", ">u4")])
+"""An entry log location as the index stores it (`_LOCATION`), for arrays of them."""
+LocationArray = npt.NDArray[np.void]
 
 _ENTRY_KEY = struct.Struct(">QQQ")
 _LEDGER_KEY = struct.Struct(">QQ")
@@ -498,12 +501,28 @@ class Index:
         of every record it reads: the stored bytes are compared, not decoded)."""
         return self._stored(ledger_id.scope, ledger_id.id, entry_id) == _packed_location(location)
 
-    def in_entry_log(
-        self, scope: int, ledger: int, entry_id: int, log_id: int, offset: int, size: int
-    ) -> bool:
-        """`points_at` for a record of an entry log, from the fields of its header: the
-        scrubber's question for each record, asked without making objects."""
-        return self._stored(scope, ledger, entry_id) == _LOCATION.pack(log_id, offset, size)
+    def entry_log_run(
+        self, scope: int, ledger: int, first: int, count: int
+    ) -> LocationArray | None:
+        """Where the index places entries `first` to `first + count - 1` of a ledger, if it
+        holds every one of them in an entry log (else None): the scrubber's question for a
+        run of records of one ledger, asked in one ordered read of the keys (a look-up per
+        record costs it more than the record's check)."""
+        lo = _ENTRY_KEY.pack(scope, ledger, first)
+        hi = _ENTRY_KEY.pack(scope, ledger, first + count)
+        try:
+            keys = cast(Iterator[bytes], self._db.keys(from_key=lo, read_opt=_bounded(hi)))
+            held = len(b"".join(islice(keys, count))) // _ENTRY_KEY.size
+            values = cast(Iterator[bytes], self._db.values(from_key=lo, read_opt=_bounded(hi)))
+            raw = b"".join(islice(values, count))
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the locations of entries {first} to {first + count - 1} "
+                f"of ledger {LedgerId(scope, ledger)}: {error}"
+            ) from error
+        if held != count or len(raw) != count * _LOCATION.size:
+            return None  # an entry missing, or one kept in a journal file
+        return np.frombuffer(raw, dtype=LOCATION_DTYPE)
 
     def _stored(self, scope: int, ledger: int, entry_id: int) -> bytes | None:
         try:

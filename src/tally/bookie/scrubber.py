@@ -10,12 +10,17 @@ last checkpoint's mark up to the mark (the records after it are not indexed yet)
 are those of when the pass started (the log being written up to what is flushed when the
 pass reaches it): later ones are the next pass's, so a pass under a write load ends.
 
-A step reads the next stretch of the current file (large reads, past the page cache) and
-parses its records; each record whose entry the index points at, exactly there, is checked
-as a read checks it: its header names the ledger, the entry and the size the index holds
-(true by the look-up), and its bytes match their stored CRC32C, the client's, end to end.
-Records the index does not point at are garbage (replaced, deleted, moved by compaction):
-skipped. Journal files are parsed as replay parses them.
+A step reads the next stretch of the current file (large reads, past the page cache; at
+full speed the next stretch is read by a thread while this one is checked) and parses its
+records; each record whose entry the index points at, exactly there, is checked as a read
+checks it: its header names the ledger, the entry and the size the index holds (true by
+the look-up), and its bytes match their stored CRC32C, the client's, end to end. Records
+the index does not point at are garbage (replaced, deleted, moved by compaction): skipped.
+For small entries Python's cost per record is the pass's speed, so records are checked a
+batch at a time: their lengths walked, each CRC32C taken, the headers compared as arrays,
+and the index read once per run of consecutive entries of one ledger (a checkpoint writes
+each ledger's entries together), not once per record. Journal files are parsed as replay
+parses them.
 
 The index and the file must agree both ways: every entry the index places in a file must
 be found there. The index counts, per file, the bytes of each ledger's entries in it (the
@@ -40,9 +45,10 @@ complete pass is kept (the last `KEPT_PASSES`), durably, with its figures: the n
 an interval after it ended (tally.core.scrub decides when, and at what rate;
 scrubber_service.py runs the steps).
 
-Threads: `step` runs in a worker thread, one at a time; reads, adds, checkpoints and
-compaction go on meanwhile (it takes no lock of ledger storage but the short one, in
-`settle`). `stop` (the storage closing) waits for a step under way to end at its next read.
+Threads: `step` runs in a worker thread, one at a time (with its read-ahead thread);
+reads, adds, checkpoints and compaction go on meanwhile (it takes no lock of ledger
+storage but the short one, in `settle`). `stop` (the storage closing) waits for a step
+under way to end at its next read.
 """
 
 from __future__ import annotations
@@ -53,11 +59,16 @@ import itertools
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from tally.bookie.compactor import yielding
 from tally.bookie.direct_io import ALIGNMENT
@@ -97,6 +108,9 @@ this (the rate bounds it) and a pass at full speed is an operator's choice, whos
 each `sleep(0)` costs on a busy machine."""
 READ_BYTES = 4 << 20
 """Bytes of an entry log read at once at most (a larger record is read in pieces)."""
+
+
+IntArray = npt.NDArray[np.int64]
 
 
 class Verdict(enum.Enum):
@@ -171,15 +185,19 @@ class _Found:
     runs: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
 
     def add(self, scope: int, ledger: int, entry_id: int, size: int) -> None:
+        self.add_run(scope, ledger, entry_id, entry_id, size)
+
+    def add_run(self, scope: int, ledger: int, first: int, last: int, size: int) -> None:
+        """Entries `first` to `last` of a ledger, of `size` bytes in all."""
         key = (scope, ledger)
         self.bytes[key] += size
         runs = self.runs.get(key)
         if runs is None:
-            self.runs[key] = [[entry_id, entry_id]]
-        elif runs[-1][1] + 1 == entry_id:
-            runs[-1][1] = entry_id
+            self.runs[key] = [[first, last]]
+        elif runs[-1][1] + 1 == first:
+            runs[-1][1] = last
         else:
-            runs.append([entry_id, entry_id])
+            runs.append([first, last])
 
     def bytes_of(self, ledger_id: LedgerId) -> int:
         return self.bytes.get((ledger_id.scope, ledger_id.id), 0)
@@ -194,6 +212,49 @@ class _Found:
             return at >= 0 and runs[at][1] >= entry_id
 
         return found
+
+
+class _LogReads:
+    """The reads of one step over an entry log, each from where the parse got to: when the
+    step goes on past a read, the next stretch is read by another thread while the records
+    of this one are checked, so that a pass at full speed takes the longer of the reads and
+    the checks, not their sum (the read lets go of the GIL)."""
+
+    def __init__(
+        self, entry_log: EntryLog, log_id: int, end: int, stop: int, reader: ThreadPoolExecutor
+    ) -> None:
+        self._log = entry_log
+        self._log_id = log_id
+        self._end = end
+        self._stop = stop
+        self._reader = reader
+        self._ahead: tuple[int, Future[bytes | None]] | None = None
+        self._last: tuple[int, bytes] = (0, b"")
+
+    def read(self, position: int, want: int) -> tuple[bytes, int]:
+        """The log's bytes from `position`, `want` of them or more; and how many of them were
+        not returned before (the rest is the end of the last read, not parsed yet).
+        EntryUnreadable if they cannot be read."""
+        last_at, last = self._last
+        ahead, self._ahead = self._ahead, None
+        raw: bytes | None
+        if ahead is not None and ahead[0] == last_at + len(last) and last_at <= position:
+            fresh = ahead[1].result()
+            raw = last[position - last_at :] + (fresh or b"")
+            read = len(fresh or b"")
+        else:
+            raw = self._log.read_span(self._log_id, position, want)
+            assert raw is not None, "read up to what is flushed"
+            read = len(raw)
+        self._last = (position, raw)
+        after = position + len(raw)
+        if len(raw) >= want and after < self._stop:
+            size = min(self._end - after, READ_BYTES)
+            self._ahead = (
+                after,
+                self._reader.submit(self._log.read_span, self._log_id, after, size),
+            )
+        return raw, read
 
 
 class _Stopped(Exception):
@@ -238,6 +299,7 @@ class Scrubber:
         self._passes = index.scrub_passes()
         self._stats = ScrubStats(last_complete=self._passes[-1].ended if self._passes else None)
         self._stats_lock = threading.Lock()
+        self._read_ahead: ThreadPoolExecutor | None = None
 
     # -- the state ------------------------------------------------------------------------
 
@@ -258,7 +320,8 @@ class Scrubber:
         """Stop a step under way at its next read and wait for it; refuse any later one."""
         self._stopping.set()
         with self._running:
-            pass
+            if self._read_ahead is not None:
+                self._read_ahead.shutdown()
 
     # -- a step ---------------------------------------------------------------------------
 
@@ -392,17 +455,17 @@ class Scrubber:
             return offset, True, True  # deleted meanwhile (compacted): nothing to check
         position = max(offset, FILE_HEADER_SIZE)
         stop = min(end, position + budget)
+        reads = _LogReads(self._log, log_id, end, stop, self._reader())
         while position < stop:
             if self._stopping.is_set():
                 raise _Stopped
             want = min(end - position, READ_BYTES, max(stop - position, RECORD_HEADER_SIZE))
             try:
-                raw = self._log.read_span(log_id, position, want)
+                raw, fresh = reads.read(position, want)
             except EntryUnreadable as error:
                 log.warning("scrub: %s; what the index places in it is read alone", error)
                 return end, True, False
-            assert raw is not None, "read up to what is flushed"
-            done.bytes += len(raw)
+            done.bytes += fresh
             if len(raw) < min(want, RECORD_HEADER_SIZE):
                 return end, True, False  # shorter than it was: what it lost, the counts find
             parsed, damaged = self._records(log_id, position, raw, end, done)
@@ -422,6 +485,13 @@ class Scrubber:
                 parsed = self._long_record(log_id, position, raw, done)
             position += parsed
         return position, position >= end, False
+
+    def _reader(self) -> ThreadPoolExecutor:
+        """The thread that reads the next stretch of an entry log while a step checks the
+        last one (made at the first step: most storages never scrub at full speed)."""
+        if self._read_ahead is None:
+            self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="scrub-read")
+        return self._read_ahead
 
     def _padding(self, log_id: int, position: int, end: int) -> bool:
         """Whether the log's bytes from `position` are the zeros that pad its last block."""
@@ -458,32 +528,101 @@ class Scrubber:
         self, log_id: int, base: int, raw: bytes, end: int, done: _Tally
     ) -> tuple[int, bool]:
         """Check the whole records of `raw`, read at `base` of a log whose readable bytes
-        end at `end`; (bytes parsed, whether the parse met damage and stopped)."""
+        end at `end`; (bytes parsed, whether the parse met damage and stopped).
+
+        Small entries make this the pass's cost, so it does per record only what must be
+        done one record at a time in Python, walking the lengths and taking each CRC32C;
+        the headers are then compared as arrays, and the index is asked once per run of
+        intact records of consecutive entries of one ledger (a checkpoint writes each
+        ledger's entries together). A record that fails its CRC32C, and every record while
+        some copy is marked corrupt, is looked up alone."""
         at = 0
-        in_log = self._index.in_entry_log
-        found = self._found
-        marked = self._any_marked()
+        last_yield = time.perf_counter()
+        while True:
+            starts, parsed, damaged = _walk(raw, at, base, end)
+            if starts:
+                parsed, damaged = self._batch(log_id, base, raw, starts, parsed, damaged, done)
+            if damaged or len(starts) < WALK_RECORDS:
+                return parsed, damaged
+            at = parsed
+            if time.perf_counter() - last_yield >= YIELD_AFTER:  # as `yielding` does
+                time.sleep(0)
+                last_yield = time.perf_counter()
+
+    def _batch(
+        self,
+        log_id: int,
+        base: int,
+        raw: bytes,
+        starts: list[int],
+        parsed: int,
+        damaged: bool,
+        done: _Tally,
+    ) -> tuple[int, bool]:
+        """Check the records of `raw` at `starts`, which `_walk` found up to `parsed`
+        (`damaged` if it stopped at damage); where the parse got to, and whether damage
+        stopped it (a header may turn out to have rotted past its length)."""
+        heads = _headers(raw, starts)
+        entry_ids = heads["entry_id"]
+        if (entry_ids < 0).any():
+            bad = int(np.argmax(entry_ids < 0))
+            starts, heads, parsed, damaged = starts[:bad], heads[:bad], starts[bad], True
+            entry_ids = heads["entry_id"]
+        sizes = heads["length"].astype(np.int64) + RECORD_HEADER_SIZE
         with memoryview(raw) as view:
-            for _ in yielding(itertools.count(), YIELD_AFTER):  # a record at a time, until a break
-                if at + RECORD_HEADER_SIZE > len(raw):
-                    break
-                length, crc, scope, ledger, entry_id = RECORD_HEADER.unpack_from(view, at)
-                size = RECORD_HEADER_SIZE + length
-                if length == 0 or entry_id < 0 or base + at + size > end:
-                    return at, True
-                if at + size > len(raw):
-                    break
-                if in_log(scope, ledger, entry_id, log_id, base + at, size):
-                    with view[at + RECORD_HEADER_SIZE : at + size] as data:
-                        intact = crc32c(data) == crc
-                    if intact and not marked:  # the common case, inline
-                        found.add(scope, ledger, entry_id, size)
-                        done.entries += 1
-                    else:
-                        location = Location(log_id, base + at, size)
-                        self._checked(LedgerId(scope, ledger), entry_id, location, intact, done)
-                at += size
-        return at, False
+            actual = [
+                crc32c(view[at + RECORD_HEADER_SIZE : at + size])
+                for at, size in zip(starts, sizes.tolist(), strict=True)
+            ]
+        intact = np.array(actual, dtype=np.uint32) == heads["crc"]
+        offsets = np.array(starts, dtype=np.int64) + base
+        if self._any_marked():
+            alone = np.arange(len(starts))
+        else:
+            for first, stop in _runs(heads, intact):
+                self._run_found(log_id, heads[first], offsets[first:stop], sizes[first:stop], done)
+            alone = np.flatnonzero(~intact)
+        for n in alone.tolist():
+            ledger_id = LedgerId(int(heads["scope"][n]), int(heads["ledger"][n]))
+            entry_id = int(entry_ids[n])
+            location = Location(log_id, int(offsets[n]), int(sizes[n]))
+            if self._index.points_at(ledger_id, entry_id, location):
+                self._checked(ledger_id, entry_id, location, bool(intact[n]), done)
+        return parsed, damaged
+
+    def _run_found(
+        self, log_id: int, head: np.void, offsets: IntArray, sizes: IntArray, done: _Tally
+    ) -> None:
+        """Count the records of a run (intact, consecutive entries of one ledger from
+        `head`'s) that the index places where they are as found; the others are garbage
+        (replaced, deleted or moved)."""
+        scope, ledger, first = int(head["scope"]), int(head["ledger"]), int(head["entry_id"])
+        count = len(offsets)
+        stored = self._index.entry_log_run(scope, ledger, first, count) if count > 1 else None
+        if stored is not None:
+            here = (
+                (stored["log_id"] == log_id)
+                & (stored["offset"] == offsets)
+                & (stored["size"] == sizes)
+            )
+        else:  # one record, or some entry of the run is not in an entry log: one at a time
+            ledger_id = LedgerId(scope, ledger)
+            here = np.array(
+                [
+                    self._index.points_at(ledger_id, first + n, Location(log_id, offset, size))
+                    for n, (offset, size) in enumerate(
+                        zip(offsets.tolist(), sizes.tolist(), strict=True)
+                    )
+                ],
+                dtype=bool,
+            )
+        if here.all():
+            self._found.add_run(scope, ledger, first, first + count - 1, int(sizes.sum()))
+            done.entries += count
+            return
+        for n in np.flatnonzero(here).tolist():
+            self._found.add(scope, ledger, first + n, int(sizes[n]))
+            done.entries += 1
 
     def _checked(
         self,
@@ -630,6 +769,60 @@ class Scrubber:
         elif verdict is Verdict.UNREADABLE:
             done.unreadable += 1
         return verdict
+
+
+_LENGTH = struct.Struct(">I")
+WALK_RECORDS = 1024
+"""Records checked together: enough to make the arrays pay, few enough to let go of the
+GIL between them (YIELD_AFTER)."""
+HEADER_DTYPE = np.dtype(
+    [("length", ">u4"), ("crc", ">u4"), ("scope", ">u8"), ("ledger", ">u8"), ("entry_id", ">i8")]
+)
+"""An entry log record's header (RECORD_HEADER), for arrays of them."""
+assert HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
+
+
+def _walk(raw: bytes, at: int, base: int, end: int) -> tuple[list[int], int, bool]:
+    """Where the next whole records of `raw` from `at` start (WALK_RECORDS at most), by
+    their lengths alone (`raw` was read at `base` of a log whose readable bytes end at
+    `end`); where the walk got to, and whether it met a length that cannot be (damage)."""
+    starts: list[int] = []
+    append, length_at = starts.append, _LENGTH.unpack_from
+    whole = len(raw) - RECORD_HEADER_SIZE
+    while at <= whole and len(starts) < WALK_RECORDS:
+        (length,) = length_at(raw, at)
+        following = at + RECORD_HEADER_SIZE + length
+        if length == 0 or base + following > end:
+            return starts, at, True
+        if following > len(raw):
+            break
+        append(at)
+        at = following
+    return starts, at, False
+
+
+def _headers(raw: bytes, starts: list[int]) -> npt.NDArray[np.void]:
+    """The headers of the records at `starts` of `raw`, as an array of HEADER_DTYPE."""
+    columns = np.arange(RECORD_HEADER_SIZE, dtype=np.int64)
+    rows = np.array(starts, dtype=np.int64)[:, None] + columns
+    heads: npt.NDArray[np.void] = np.frombuffer(raw, dtype=np.uint8)[rows].view(HEADER_DTYPE)
+    return heads.ravel()
+
+
+def _runs(heads: npt.NDArray[np.void], intact: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """The runs of intact records of consecutive entries of one ledger, as (first, stop)
+    positions in `heads`."""
+    scope, ledger, entry_id = heads["scope"], heads["ledger"], heads["entry_id"]
+    joins = (
+        (scope[1:] == scope[:-1])
+        & (ledger[1:] == ledger[:-1])
+        & (entry_id[1:] == entry_id[:-1] + 1)
+        & intact[1:]
+        & intact[:-1]
+    )
+    breaks = np.flatnonzero(~joins) + 1
+    bounds = [0, *breaks.tolist(), len(heads)]
+    return [(first, stop) for first, stop in itertools.pairwise(bounds) if intact[first]]
 
 
 def _file_of(location: Location | JournalLocation) -> FileKey:
