@@ -206,3 +206,45 @@ def test_bytes_flipped_under_a_running_bookie_are_found_by_its_scheduled_passes(
         assert scheduled
         assert max(done["corrupt"] for done in scheduled) == 2
         assert sample(bookie.metrics(), "bookie_scrub_passes_total") > passes_before
+
+
+def test_a_recovery_add_writes_over_bad_copies_only(cluster: str, tmp_path: Path) -> None:
+    """A repair's copy (a recovery add of the same bytes) is acknowledged without a write
+    over a copy that checks out; over one marked corrupt, or one found bad as it is looked
+    at, it is written and ends the mark. A recovering client's re-encoded entry (its own
+    LAC: other bytes) is written as any add."""
+    ledger = new_ledger()
+    data = payloads(6, large=set())
+    settings = {"scrub_interval": 3600, "flush_interval": 0.2}
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie", settings=settings)
+    with running(bookie):
+        written = asyncio.run(write(bookie.address, ledger, data))
+        assert bookie.stop() == 0
+        flip_stored(bookie.data_dir, ledger, 2)
+        bookie.start()
+        assert shell_scrub(cluster, bookie, "--now")["corrupt_entries"] == 1
+        assert bookie.stop() == 0
+        flip_stored(bookie.data_dir, ledger, 4)  # rotten, not known yet
+        bookie.start()
+
+        async def repair() -> None:
+            async with connected(bookie.address) as connection:
+                for raw in written:
+                    await connection.add(raw, KEY, recovery=True)
+
+        asyncio.run(repair())
+        assert sample(bookie.metrics(), "bookie_recovery_add_entry_kept_total") == 4
+        wait_until(
+            lambda: sample(bookie.metrics(), "bookie_corrupt_entries") == 0,
+            "the marks ended by the checkpoint of the copies written over them",
+        )
+        check_reads(asyncio.run(read_all(bookie.address, ledger, 6)), written, set())
+        re_encoded = entry(ledger, 0, data[0], lac=3)
+
+        async def recover() -> bytes:
+            async with connected(bookie.address) as connection:
+                await connection.add(re_encoded, KEY, recovery=True)
+                return await connection.read(ledger, 0)
+
+        assert asyncio.run(recover()) == re_encoded
+        assert sample(bookie.metrics(), "bookie_recovery_add_entry_kept_total") == 4

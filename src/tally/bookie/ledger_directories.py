@@ -397,6 +397,12 @@ class LedgerDirectories:
             self._disk_error(directory, error)
             raise
 
+    def holds_intact(self, ledger_id: LedgerId, entry_id: int, crc32c: int) -> bool:
+        """As LedgerStorage's: in the ledger's directory (False in a failed one)."""
+        directory = self._placement.get(ledger_id)
+        storage = directory.writable if directory is not None else None
+        return storage is not None and storage.holds_intact(ledger_id, entry_id, crc32c)
+
     def ledger_access(self, ledger_id: LedgerId) -> LedgerAccess:
         """As LedgerStorage's, `lost` for a ledger whose directory failed (the add path's
         look-up: no lock for the placement, whose reads are atomic)."""

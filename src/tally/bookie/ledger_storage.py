@@ -430,6 +430,28 @@ class LedgerStorage:
         self._check_negative(ledger_id, f"entry {entry_id} of ledger {ledger_id}")
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
 
+    def holds_intact(self, ledger_id: LedgerId, entry_id: int, crc32c: int) -> bool:
+        """Whether a recovery add of the entry, of this CRC32C, may be acknowledged without
+        writing it: a checkpointed copy is held, not marked corrupt, and reads back intact
+        with the same CRC32C. A repair writes over a bad copy (marked, or found bad by this
+        read, which marks it) and over nothing else. A copy still in the write cache is not
+        looked at (its add may not be durable yet), nor one of other bytes (a recovering
+        client writes what it read with its own LAC): the add goes on, as any add."""
+        _check_entry_id(entry_id, ledger_id)
+        with self._lock:
+            cached = self._cache.get(ledger_id, entry_id) is not None or (
+                self._flushing is not None and self._flushing.get(ledger_id, entry_id) is not None
+            )
+        if cached:
+            return False
+        try:
+            if self._index.location(ledger_id, entry_id) is None:
+                return False
+            held, _ = self.get_entry(ledger_id, entry_id)
+        except (EntryUnreadable, NoSuchEntry, NoSuchLedger):
+            return False
+        return held == crc32c  # else other bytes: a recovering client's own LAC, say
+
     def _refuse_marked(
         self, ledger_id: LedgerId, entry_id: int, location: Location | JournalLocation
     ) -> None:

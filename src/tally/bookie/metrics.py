@@ -99,6 +99,12 @@ class BookieMetrics:
             "under-replication mark); a copy filed again after a restart counts again",
             registry=self.registry,
         )
+        self.recovery_adds_kept = Counter(
+            "bookie_recovery_add_entry_kept",
+            "Recovery adds acknowledged without writing: the entry's copy here checked out "
+            "intact with the same CRC32C (a repair writes over bad copies only)",
+            registry=self.registry,
+        )
         self.ledgers_in_limbo = Gauge(
             "bookie_ledgers_in_limbo",
             "Ledgers whose entries this bookie may have lost (a damaged journal): it answers "

@@ -158,6 +158,15 @@ class BookieRequestProcessor:
             recovery=request.recovery,
         )
         check_crc_digest(request.entry)  # refused before it is stored or journaled
+        if (
+            request.recovery
+            and not admission.record_master_key
+            and storage.holds_intact(ledger_id, request.entry_id, request.crc32c)
+        ):
+            self.metrics.recovery_adds_kept.inc()
+            response = protocol.AddResponse(request.request_id, ledger_id, request.entry_id)
+            self._ok(request, connection, response.encode())
+            return
         storage.add_entry(
             ledger_id, request.entry_id, request.crc32c, request.entry, request.last_add_confirmed
         )
