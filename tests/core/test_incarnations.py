@@ -26,6 +26,17 @@ def test_each_kind_of_bookie() -> None:
     )
 
 
+def test_a_changed_bookie_counts_once_it_is_registered() -> None:
+    """Formatted (its cookie written) but not registered yet: not marked, not remembered;
+    registered: marked."""
+    remembered, current = {A: "old", B: "old"}, {A: "new", B: "new"}
+    review = review_incarnations(remembered, current, registered={B})
+    assert review.changed == (IncarnationChange(B, "old", "new"),)
+    assert review.first_seen == ()
+    assert not review_incarnations(remembered, {A: "new"}, registered=set())
+    assert len(review_incarnations(remembered, current, registered={A, B}).changed) == 2
+
+
 def test_nothing_remembered_marks_nothing() -> None:
     review = review_incarnations({}, {A: "i1", B: "i2"})
     assert review.changed == ()

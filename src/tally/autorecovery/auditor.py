@@ -454,8 +454,11 @@ class Auditor:
             memory = RememberedIncarnations(store)
             remembered = await memory.all()
             current = await CookieManager(store).incarnations()
+            available = await self.context.registry.available_bookies()
             review = review_incarnations(
-                {bookie: r.incarnation_id for bookie, r in remembered.items()}, current
+                {bookie: r.incarnation_id for bookie, r in remembered.items()},
+                current,
+                available.writable | available.read_only,
             )
             if not review:
                 return

@@ -17,7 +17,7 @@ No I/O here: the auditor reads both sides from the store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -43,15 +43,25 @@ class IncarnationReview:
 
 
 def review_incarnations(
-    remembered: Mapping[str, str | None], current: Mapping[str, str]
+    remembered: Mapping[str, str | None],
+    current: Mapping[str, str],
+    registered: Collection[str] | None = None,
 ) -> IncarnationReview:
     """Compare the remembered incarnations (bookie id -> incarnation id, None for a record
-    that does not decode) with the cookies' (bookie id -> incarnation id), by bookie id."""
+    that does not decode) with the cookies' (bookie id -> incarnation id), by bookie id.
+
+    With `registered` (the bookies registered now), a changed bookie counts only once it
+    is registered: a bookie formats its cookie before it registers, and a mark made in
+    between would name a bookie that is not there, which the replication worker takes for
+    lost and replaces, where copying back onto the new incarnation was wanted. Its
+    registration wakes the auditor again."""
     first_seen, changed = [], []
     for bookie_id in sorted(current):
         incarnation = current[bookie_id]
         if bookie_id not in remembered:
             first_seen.append(IncarnationChange(bookie_id, None, incarnation))
-        elif remembered[bookie_id] != incarnation:
+        elif remembered[bookie_id] != incarnation and (
+            registered is None or bookie_id in registered
+        ):
             changed.append(IncarnationChange(bookie_id, remembered[bookie_id], incarnation))
     return IncarnationReview(tuple(first_seen), tuple(changed))
