@@ -4,7 +4,9 @@ The bookie stops, its directories are wiped, an operator deletes its cookie with
 and it starts again under the same id: it formats itself (a new incarnation) and registers,
 empty, well within `lost_bookie_recovery_delay`, so the lost-bookie path marks nothing.
 The auditor sees the new incarnation in the cookie and marks every ledger with a segment on
-the bookie; the replication worker copies the entries back onto it; nothing is lost.
+the bookie; the replication worker copies the entries back onto it; nothing is lost. An idle
+ledger left open by its writer gets its acknowledged entries (up to the LAC) back too,
+without waiting for its close, and its writer goes on.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tally.client.client import Client
+from tally.core.schedule import write_set
 from tally.metadata.cookies import CookieManager
 from tally.metadata.incarnations import RememberedIncarnations
 from tests.autorecovery.test_end_to_end import (
+    PASSWORD,
     assert_fully_replicated,
     autorecovery,
     most_used_bookie,
+    payload,
     records,
     wait_repaired,
     write_ledgers,
@@ -72,7 +77,14 @@ async def test_a_bookie_wiped_and_formatted_anew_under_its_id_is_marked_and_repa
     assert on_victim
     everyone = {bookie.address for bookie in cluster.bookies}
     with autorecovery(cluster, "ar-incarnations", lost_bookie_recovery_delay="3600") as process:
-        async with Client(cluster.uri) as client:
+        async with Client(cluster.uri) as client, Client(cluster.uri) as writing:
+            idle = await writing.create_ledger(  # every bookie is in its ensemble
+                ensemble_size=4, write_quorum=3, ack_quorum=2, password=PASSWORD
+            )
+            await asyncio.gather(
+                *(idle.append_nowait(payload(idle.ledger_id, e, 100)) for e in range(20))
+            )
+            on_victim.append(idle.ledger_id)
             store = client.context.ledgers.store
             cookies = CookieManager(store)
             old = (await cookies.incarnations())[victim]
@@ -114,6 +126,24 @@ async def test_a_bookie_wiped_and_formatted_anew_under_its_id_is_marked_and_repa
             assert f"marked its {len(on_victim)} ledgers" in process.log()
 
             await wait_repaired(cluster.uri, ledgers, lost=None)
+            (segment,) = (await records(cluster.uri, {idle.ledger_id: 19}))[
+                idle.ledger_id
+            ].metadata.segments
+            others = [bookie for bookie in segment.ensemble if bookie != victim]
+            lac = max(
+                [
+                    await (await client.context.bookies.get(b)).read_lac(idle.ledger_id)
+                    for b in others
+                ]
+            )
+            assert lac >= 10
+            position = segment.ensemble.index(victim)
+            owed = {e for e in range(lac + 1) if position in write_set(e, 4, 3)}
+            held = await client.context.availability(victim, idle.ledger_id)
+            assert held is not None
+            assert owed <= set(held), "the open ledger's acknowledged entries are back"
+            assert await idle.append(payload(idle.ledger_id, 20, 100)) == 20
+            await idle.close()
             remembered = await RememberedIncarnations(store).all()
             assert remembered[victim].incarnation_id == new
             assert [x async for x in client.context.under_replication.list_lost_entries()] == []

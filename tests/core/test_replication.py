@@ -175,6 +175,34 @@ def test_an_open_ledger_whose_lost_bookie_is_only_in_bounded_segments_is_not_fla
     assert [s.index for s in plan.segments] == [0]
 
 
+def test_an_open_ledgers_last_segment_is_filled_up_to_the_lac_on_registered_bookies() -> None:
+    """Entries up to the LAC are acknowledged and never change: a registered bookie of the
+    open segment that lacks them (its disk failed) or holds them bad gets them back; the
+    writer's entries past the LAC, and its lost or silent bookies, are left to it."""
+    metadata = rotating_ledger(3, 2, 2, [10], None)  # segment 1 (b1 b2 b3) is open
+    held = _held_by_schedule(metadata)  # the writer's entries so far: 10..16
+    lost_disk = {entry for entry in held["b2"] if entry >= 10}
+    held["b2"] -= lost_disk
+    registered = set(BOOKIES) - {"b3"}  # b3: not declared lost, not registered
+    available = _availability(held, registered)
+    assert plan_replication(metadata, {"b2"}, registered, available).segments == ()
+    bad = {"b1": EntryAvailability.from_entries([11])}
+    plan = plan_replication(metadata, {"b2"}, registered, available, bad, 13)
+    (segment,) = plan.segments
+    assert (segment.index, segment.first_entry_id, segment.last_entry_id) == (1, 10, 13)
+    repairs = {repair.bookie_id: (repair.kind, set(repair.entries)) for repair in segment.repairs}
+    assert repairs == {
+        "b1": (RepairKind.FILL, {11}),
+        "b2": (RepairKind.FILL, {entry for entry in lost_disk if entry <= 13}),
+    }
+    assert plan.unjudged == frozenset()
+    assert plan.recover_first == frozenset()
+    lost = plan_replication(metadata, {"b3"}, registered, available, None, 13)
+    assert lost.recover_first == {"b3"}
+    assert all(r.kind is RepairKind.FILL for s in lost.segments for r in s.repairs)
+    assert plan_replication(metadata, {"b2"}, registered, available, None, 9).segments == ()
+
+
 def test_segments_without_entries_are_skipped() -> None:
     metadata = rotating_ledger(3, 2, 2, [10], 9)  # closed at 9: segment 1 starts at 10, empty
     held = _held_by_schedule(metadata)

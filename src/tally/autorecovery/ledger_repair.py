@@ -205,8 +205,34 @@ class LedgerRepair:
             for bookie, entries in self.lock.mark.bad_copies.items()
         }
         return plan_replication(
-            record.metadata, self.lock.mark.missing_bookies, registered, availability, bad_copies
+            record.metadata,
+            self.lock.mark.missing_bookies,
+            registered,
+            availability,
+            bad_copies,
+            await self._open_last_add_confirmed(record.metadata, registered),
         )
+
+    async def _open_last_add_confirmed(
+        self, metadata: LedgerMetadata, registered: frozenset[str]
+    ) -> int | None:
+        """For a ledger that is not closed, the highest LAC the registered bookies of its
+        last segment answer (each is at most the writer's: entries up to it were
+        acknowledged); None for a closed ledger, or when none answers."""
+        if metadata.state is LedgerState.CLOSED:
+            return None
+        asked = sorted(set(metadata.segments[-1].ensemble) & registered)
+        answers = await asyncio.gather(*(self._read_lac(bookie) for bookie in asked))
+        return max((lac for lac in answers if lac is not None), default=None)
+
+    async def _read_lac(self, bookie: str) -> int | None:
+        try:
+            connection = await self.context.bookies.get(bookie)
+            async with asyncio.timeout(self.context.config.read_timeout):
+                return await connection.read_lac(self.ledger_id)
+        except (TallyError, TimeoutError) as error:
+            log.info("ledger %s: no LAC from bookie %s: %s", self.name, bookie, error)
+            return None
 
     async def _recover(self, record: LedgerRecord, plan: ReplicationPlan) -> LedgerRecord:
         """Fence and close the ledger, unless its writer changes its metadata first."""

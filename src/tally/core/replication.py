@@ -17,9 +17,12 @@ A bookie that is not registered but not named by the mark is not yet declared lo
 auditor waits `lost_bookie_recovery_delay` for it), and a registered bookie that did not
 answer cannot be judged: both leave the plan incomplete, so the mark stays, while whatever
 else is missing is still repaired. The last segment of a ledger that is not closed has no
-end yet and its writer still owns it: it is never copied, and a declared-lost bookie in it
-is reported (`recover_first`) so the worker can give the writer its grace period, then fence
-and close the ledger (issue 7, item 6).
+end yet and its writer still owns it: a declared-lost bookie in it is reported
+(`recover_first`) so the worker can give the writer its grace period, then fence and close
+the ledger (issue 7, item 6). Its entries up to the LAC are acknowledged and never change,
+though: a registered bookie of it that lacks them or holds them bad (its disk failed, it
+was formatted anew, rot) has them FILLed, so an idle open ledger does not wait for its
+close to get its copies back; the ensemble itself stays the writer's.
 
 An entry is read from a bookie of its write set that holds it and written to every target
 at once (`SegmentRepair.entries`). It is lost only when every bookie of its write set is
@@ -180,13 +183,16 @@ def plan_replication(
     registered: Collection[str],
     availability: Mapping[str, EntryAvailability],
     bad_copies: Mapping[str, EntryAvailability] | None = None,
+    open_last_add_confirmed: int | None = None,
 ) -> ReplicationPlan:
     """The repairs of one ledger (see the module's docstring for the rules).
 
     `missing_bookies` is the mark's (empty: every unregistered bookie is lost);
     `registered` the writable and read-only bookies; `availability` what each bookie that
     answered holds of the ledger, over the whole ledger; `bad_copies` the entries whose
-    copies on a bookie are known to be bad and not yet written over.
+    copies on a bookie are known to be bad and not yet written over;
+    `open_last_add_confirmed` for a ledger that is not closed, the highest LAC its bookies
+    answered (None: unknown).
     """
     registered = frozenset(registered)
     named = frozenset(missing_bookies)
@@ -207,13 +213,16 @@ def plan_replication(
     recover_first: frozenset[str] = frozenset()
     for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):
         standings = tuple(standing(bookie) for bookie in segment.ensemble)
+        open_segment = last is None
         if last is None:
             recover_first = frozenset(
                 bookie
                 for bookie, found in zip(segment.ensemble, standings, strict=True)
                 if found is Standing.LOST
             )
-            continue
+            if open_last_add_confirmed is None:
+                continue
+            last = open_last_add_confirmed
         if last < first:
             continue
         held = tuple(availability.get(bookie) for bookie in segment.ensemble)
@@ -222,6 +231,8 @@ def plan_replication(
             expected = expected_entries(first, last, e, wq, position)
             if not expected:
                 continue
+            if open_segment and found is not Standing.ANSWERED:
+                continue  # the writer's to change (a lost one is in recover_first)
             if found in (Standing.SILENT, Standing.ABSENT):
                 unjudged.add(bookie)
                 continue
