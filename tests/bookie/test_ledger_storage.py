@@ -332,7 +332,13 @@ def test_a_ledger_in_limbo_never_answers_no_such_entry_and_stays_there_across_a_
         storage = reopen(storage)
         assert storage.limbo_ledgers() == {L1, L2}
         assert storage.is_fenced(L1)
+        # a normal add is refused as a failed write (its writer changes ensemble), across
+        # a restart too, not as fenced (its writer would stop)
+        assert storage.ledger_access(L1).lost
+        assert storage.ledger_access(L2).lost
     storage.leave_limbo(L1)
+    assert not storage.ledger_access(L1).lost
+    assert storage.ledger_access(L1).fenced
     with pytest.raises(NoSuchEntry):
         storage.get_entry(L1, 1)
     storage.checkpoint(b"mark")

@@ -165,9 +165,6 @@ class LedgerDirectories:
         self._placement: dict[LedgerId, _Directory] = {}
         self._unsaved: dict[LedgerId, _Directory] = {}
         """Placements made since the last checkpoint began: recorded after the next one."""
-        self._lost: set[LedgerId] = set()
-        """Ledgers placed again after their directory failed, until whole: normal adds are
-        refused (WriteFailed) so that their writers change ensemble."""
         self.lost_at_start: list[LedgerId] = []
         """Ledgers found lost at start-up (a failed directory, or one replaced empty)."""
         self.keeps_entries = False
@@ -249,7 +246,6 @@ class LedgerDirectories:
         for directory, ledger_ids in lost.items():
             assert directory.storage is not None
             directory.storage.enter_limbo(ledger_ids)
-            self._lost.update(ledger_ids)
             self.lost_at_start += ledger_ids
         if self.lost_at_start:
             log.error(
@@ -369,8 +365,6 @@ class LedgerDirectories:
     def leave_limbo(self, ledger_id: LedgerId) -> None:
         _, storage = self._reading(ledger_id)
         storage.leave_limbo(ledger_id)
-        with self._lock:
-            self._lost.discard(ledger_id)
 
     def limbo_ledgers(self) -> frozenset[LedgerId]:
         found: frozenset[LedgerId] = frozenset()
@@ -412,10 +406,7 @@ class LedgerDirectories:
         storage = directory.writable
         if storage is None:
             return _LOST_LEDGER
-        access = storage.ledger_access(ledger_id)
-        if self._lost and ledger_id in self._lost:
-            return dataclasses.replace(access, lost=True)
-        return access
+        return storage.ledger_access(ledger_id)
 
     def master_key(self, ledger_id: LedgerId) -> bytes | None:
         return self._read(ledger_id, LedgerStorage.master_key)
@@ -536,7 +527,6 @@ class LedgerDirectories:
                     del self._placement[ledger_id]
                     directory.ledgers -= 1
                 self._unsaved.pop(ledger_id, None)
-                self._lost.discard(ledger_id)
 
     def forget_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> int:
         with self._maintenance:
@@ -632,7 +622,6 @@ class LedgerDirectories:
             for target, ledger_ids in targets.items():
                 assert target.storage is not None
                 target.storage.enter_limbo(ledger_ids)
-                self._lost.update(ledger_ids)
             placed = [ledger for ledger_ids in targets.values() for ledger in ledger_ids]
         log.error(
             "ledger directory %s failed: %s; %d of its ledgers placed again on %s, in limbo "

@@ -509,14 +509,18 @@ class LedgerStorage:
             raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
 
     def ledger_access(self, ledger_id: LedgerId) -> LedgerAccess:
-        """Master key and fence, for the admission rules: the add path's one look-up.
+        """Master key, fence and limbo, for the admission rules: the add path's one look-up.
 
-        An unknown ledger has no key and no fence yet (the request may be its first)."""
+        An unknown ledger has no key and no fence yet (the request may be its first). A
+        ledger in limbo is `lost`: its normal adds are refused as a failed write (its writer
+        changes ensemble), not as fenced (its writer would stop), though it is fenced too."""
         with self._lock:
             state = self._find(ledger_id)
             if state is None:
-                return LedgerAccess()
-            return LedgerAccess(master_key=state.master_key, fenced=state.fenced)
+                return LedgerAccess(lost=ledger_id in self._limbo)
+            return LedgerAccess(
+                master_key=state.master_key, fenced=state.fenced, lost=ledger_id in self._limbo
+            )
 
     def master_key(self, ledger_id: LedgerId) -> bytes | None:
         """The ledger's master key (None if the ledger is only known from a fence)."""

@@ -34,8 +34,8 @@ class LedgerAccess:
     master_key: bytes | None = None
     fenced: bool = False
     lost: bool = False
-    """The bookie lost its copy of the ledger with a failed disk: its fence may be lost too,
-    and the ledger is being repaired here."""
+    """The bookie may have lost its copy of the ledger (in limbo: a failed disk, a damaged
+    journal): its fence may be lost too, and the ledger is being repaired here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +64,15 @@ def admit_add(
     ledger_id: LedgerId, access: LedgerAccess, master_key: bytes, *, recovery: bool
 ) -> Admission:
     """Accept an add, or raise Unauthorized (wrong key), LedgerFenced (normal add after
-    fencing) or WriteFailed (normal add to a ledger lost with a disk, so that its writer
-    changes ensemble rather than stop as fenced). Recovery adds pass a fence: they are how
+    fencing) or WriteFailed (normal add to a ledger the bookie may have lost, so that its
+    writer changes ensemble rather than stop as fenced). Recovery adds pass a fence: they are how
     recovery and repairs re-write entries."""
     _check_key(ledger_id, access, master_key)
     if access.lost and not recovery:
         raise WriteFailed(
-            f"ledger {ledger_id}: this bookie lost its copy with a failed ledger directory "
-            "and is being repaired: normal adds refused, write to another bookie"
+            f"ledger {ledger_id}: this bookie may have lost its copy (a failed ledger "
+            "directory or a damaged journal) and is being repaired: normal adds refused, "
+            "write to another bookie"
         )
     if access.fenced and not recovery:
         raise LedgerFenced(f"ledger {ledger_id} is fenced on this bookie: normal adds refused")
