@@ -36,6 +36,7 @@ from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
 from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE
 from tally.bookie.journal_format import JournalMark
+from tally.bookie.ledger_dir_health import errno_of
 from tally.bookie.ledger_directories import LedgerDirectories
 from tally.bookie.ledger_placement import recorded_failures
 from tally.bookie.limbo import LimboWatch, describe
@@ -51,6 +52,7 @@ from tally.core.errors import (
     WriteFailed,
 )
 from tally.core.ids import LedgerId
+from tally.core.ledger_dirs import FULL_ERRNOS
 from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
 from tally.core.receive_limits import ReceiveBudget
@@ -453,7 +455,17 @@ class Bookie:
             try:
                 await asyncio.to_thread(self._checkpoint_now)
             except WriteFailed as error:
-                self._io_error(f"checkpoint failed: {error}")
+                if errno_of(error) in FULL_ERRNOS:
+                    self._checkpoint_out_of_room(error)
+                else:
+                    self._io_error(f"checkpoint failed: {error}")
+            else:
+                if self.disk.checkpoint_out_of_room is not None:
+                    self._change_disk(self.disk.with_checkpoint_done())
+                    log.warning(
+                        "bookie %s: a checkpoint succeeded again (room on the ledger disks)",
+                        self.bookie_id,
+                    )
             last = time.monotonic()
 
     def _checkpoint_now(self) -> None:
@@ -536,6 +548,19 @@ class Bookie:
         task = asyncio.get_running_loop().create_task(follow_up(), name="ledger-dir-failed")
         self._failures.add(task)
         task.add_done_callback(self._failures.discard)
+
+    def _checkpoint_out_of_room(self, error: WriteFailed) -> None:
+        """Read-only, serving reads, until a checkpoint succeeds: the write cache cannot be
+        emptied, so adds would only pile up in it and in the journal."""
+        if self._change_disk(self.disk.with_checkpoint_out_of_room(str(error))):
+            log.error(
+                "bookie %s is read-only, serving reads: a checkpoint found no room on a ledger "
+                "disk (%s); free space there: it turns writable by itself at the first "
+                "checkpoint that succeeds (tried every %gs)",
+                self.bookie_id,
+                error,
+                self.config.flush_interval,
+            )
 
     def _io_error(self, description: str) -> None:
         if self._change_disk(self.disk.with_io_error(description)):

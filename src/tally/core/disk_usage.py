@@ -65,10 +65,18 @@ class DiskState:
     is written and synced."""
     journal_retry_at: float = 0.0
     """When (on the caller's clock) to try a new journal file next, while `journal_failed`."""
+    checkpoint_out_of_room: str | None = None
+    """Why the last checkpoint failed for want of room on a ledger disk, until one succeeds
+    (the checkpoints go on: a full disk is no failure)."""
 
     @property
     def mode(self) -> BookieMode:
-        if self.disk_full or self.io_error is not None or self.journal_failed is not None:
+        if (
+            self.disk_full
+            or self.io_error is not None
+            or self.journal_failed is not None
+            or self.checkpoint_out_of_room is not None
+        ):
             return BookieMode.READ_ONLY
         return BookieMode.WRITABLE
 
@@ -86,6 +94,11 @@ class DiskState:
                 f"the journal cannot write: {self.journal_failed}; writable again once a new "
                 f"journal file is written (tried every {self.policy.journal_retry_interval:g}s)"
             )
+        if self.checkpoint_out_of_room is not None:
+            return (
+                f"a checkpoint found no room on a ledger disk: {self.checkpoint_out_of_room}; "
+                "writable again at the first checkpoint that succeeds"
+            )
         if self.disk_full:
             return f"disk usage at or above {self.policy.usage_threshold:.0%}"
         return "writable"
@@ -95,6 +108,15 @@ class DiskState:
         if self.disk_full:
             return replace(self, disk_full=fraction_used >= self.policy.low_water_mark)
         return replace(self, disk_full=fraction_used >= self.policy.usage_threshold)
+
+    def with_checkpoint_out_of_room(self, description: str) -> DiskState:
+        """A checkpoint failed for want of room (ENOSPC) on a ledger disk: read-only, not
+        failed (issue 17: a full disk turns writable again by itself)."""
+        return replace(self, checkpoint_out_of_room=description)
+
+    def with_checkpoint_done(self) -> DiskState:
+        """A checkpoint succeeded: there is room again."""
+        return replace(self, checkpoint_out_of_room=None)
 
     def with_io_error(self, description: str) -> DiskState:
         return replace(self, io_error=self.io_error or description)
