@@ -14,7 +14,7 @@ test:
 	$$uv run --frozen ruff format --check src tests bench && \
 	$$uv run --frozen mypy && \
 	$$uv run --frozen lint-imports --no-logo --no-cache && \
-	$$uv run --frozen pytest -q
+	$$uv run --frozen pytest -q -n 2 --dist loadfile
 
 lint:
 	@uv=$$(scripts/bootstrap.sh) && \
