@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -269,6 +270,32 @@ async def test_entries_forgotten_by_a_live_bookie_are_copied_back_to_it(
     assert after.version == before.version
     assert after.metadata == before.metadata
     await assert_every_copy(cluster.uri, writer.ledger_id)
+
+
+async def test_a_mark_made_while_the_worker_sleeps_wakes_it_before_its_poll(
+    cluster: Cluster,
+) -> None:
+    """The worker watches LAST_MARKED: a mark made during its sleep (an hour's poll here) or
+    during its pass is looked at at once."""
+    async with tally.Client(cluster.uri, config=CLIENT) as client:
+        writers = [await write_ledger(client, 10, ensemble=3, write_quorum=3) for _ in range(2)]
+    lazy = dataclasses.replace(FAST, under_replicated_poll_interval=3600.0)
+    async with running_worker(cluster.uri, lazy) as worker:
+        await until(lambda: worker.status()["looks"] >= 1, "the first look")
+        for ledger_id in [writer.ledger_id for writer in writers]:
+            record = await read_record(cluster.uri, ledger_id)
+            bookie = record.metadata.segments[0].ensemble[0]
+            forget(cluster, {bookie: [1, 4]}, ledger_id)
+            async with tally.Client(cluster.uri, config=CLIENT) as client:
+                await client.context.under_replication.mark_under_replicated(ledger_id, [bookie])
+
+            async def repaired(ledger_id: LedgerId = ledger_id) -> bool:
+                return not await is_marked(cluster.uri, ledger_id)
+
+            await until(repaired, "the ledger repaired long before the poll", timeout=WAIT)
+        assert worker.status()["entries_copied"] == 4
+    for writer in writers:
+        await assert_every_copy(cluster.uri, writer.ledger_id)
 
 
 # -- marks, locks, lost entries -----------------------------------------------------------

@@ -261,6 +261,24 @@ async def test_lost_bookie_recovery_delay_and_its_watch(
                 await operator.set_lost_bookie_recovery_delay(bad)  # type: ignore[arg-type]
 
 
+async def test_a_mark_made_or_changed_reaches_a_watcher_and_an_unchanged_one_does_not(
+    backend: Backend,
+) -> None:
+    async with backend.open() as store, backend.open() as admin:
+        await init_cluster(store)
+        seen: Collected[int | None] = Collected()
+        watcher = await UnderReplicationManager(store).watch_marks(seen)
+        marking = UnderReplicationManager(admin)
+        await marking.mark_under_replicated(LedgerId(0, 7), ["a:1"], now_ms=10)
+        assert await seen.wait_for(2) == [None, 10]
+        await marking.mark_under_replicated(LedgerId(0, 7), ["a:1"], now_ms=20)  # no change
+        await marking.mark_under_replicated(LedgerId(0, 8), ["b:1"], now_ms=30)
+        assert await seen.wait_for(3) == [None, 10, 30]
+        await marking.mark_under_replicated(LedgerId(0, 7), [], bad_copies={"c:1": [4]}, now_ms=40)
+        assert await seen.wait_for(4) == [None, 10, 30, 40]
+        watcher.cancel()
+
+
 async def test_last_run_times_of_the_auditor_s_checks(backend: Backend) -> None:
     async with backend.open() as store:
         await init_cluster(store)

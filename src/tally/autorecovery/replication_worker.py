@@ -82,6 +82,8 @@ class ReplicationWorker:
         self._clock = clock
         self._enabled = False
         self._wake = asyncio.Event()
+        self._marked = False
+        """A mark was made or changed since the current pass listed the marks."""
         self._schedule = RepairSchedule(
             config.replication_backoff_initial, config.replication_backoff_max
         )
@@ -124,14 +126,22 @@ class ReplicationWorker:
         work.result()
 
     async def _work(self) -> None:
-        watcher = await self.context.under_replication.watch_replication_enabled(self._switch)
+        manager = self.context.under_replication
+        switch = await manager.watch_replication_enabled(self._switch)
+        marks = await manager.watch_marks(self._marks_changed)
         try:
             while True:
                 self._looks += 1
                 if not (self._enabled and await self._pass()):
                     await self._idle()
         finally:
-            watcher.cancel()
+            switch.cancel()
+            marks.cancel()
+
+    def _marks_changed(self, _: int | None) -> None:
+        """A mark was made or changed: look now rather than at the next poll."""
+        self._marked = True
+        self._wake.set()
 
     def _switch(self, enabled: bool) -> None:
         if enabled != self._enabled:
@@ -144,10 +154,13 @@ class ReplicationWorker:
         self._wake.set()
 
     async def _idle(self) -> None:
-        """Sleep until the next poll, a backoff's end, or a switch of the replication flag."""
+        """Sleep until the next poll, a backoff's end, a switch of the replication flag, or a
+        mark made or changed (`LAST_MARKED`'s watch)."""
         delay = self.config.under_replicated_poll_interval
         if self._enabled:
             delay = self._schedule.next_look(self._clock(), delay)
+        if self._marked and self._enabled:  # during the pass that just ended: look again
+            return
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)
@@ -156,6 +169,7 @@ class ReplicationWorker:
         """One look at every mark, repairing those that are due, one at a time; True when a
         ledger was marked again while it was repaired, so another pass is due at once."""
         manager = self.context.under_replication
+        self._marked = False
         try:
             marks = [mark async for mark in manager.list_under_replicated()]
             on_lost_list = {

@@ -33,6 +33,7 @@ from tally.core.errors import (
     MetadataVersionConflict,
     NoSuchKey,
     SessionExpired,
+    TallyError,
 )
 from tally.core.ids import LedgerId
 from tally.core.replication import entry_ranges
@@ -41,6 +42,7 @@ from tally.metadata.key_ops import Watcher, delete_if_present, put, watch_value
 from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
 from tally.metadata.paths import (
     AUDIT_REQUEST,
+    LAST_MARKED,
     LOST_BOOKIE_RECOVERY_DELAY,
     LOST_ENTRY_RECORDS,
     REPLICATION_DISABLED,
@@ -59,6 +61,8 @@ _DELAY_FIELDS = frozenset({"seconds"})
 _CHECK_KIND = "auditor-check"
 _CHECK_FIELDS = frozenset({"time_ms"})
 _REQUEST_KIND = "audit-request"
+_MARKED_KIND = "last-marked"
+_MARKED_FIELDS = frozenset({"marked_ms"})
 _REQUEST_FIELDS = frozenset({"requested_ms"})
 _LOST_KIND = "lost-entries"
 _LOST_FIELDS = frozenset({"ranges", "reason", "recorded_ms", "mark_version"})
@@ -178,6 +182,10 @@ def _decode_delay(data: bytes) -> int:
     return record.integer("seconds")
 
 
+def _decode_marked(data: bytes) -> int:
+    return json_records.decode(data, _MARKED_KIND, _MARKED_FIELDS, LAST_MARKED).integer("marked_ms")
+
+
 def _decode_request(data: bytes) -> int:
     return json_records.decode(data, _REQUEST_KIND, _REQUEST_FIELDS, AUDIT_REQUEST).integer(
         "requested_ms"
@@ -253,6 +261,7 @@ class UnderReplicationManager:
                     )
                 except KeyExists:
                     continue  # marked meanwhile: merge into that
+                await self._tell_workers(marked_ms)
                 return UnderReplicatedLedger(ledger_id, missing, marked_ms, 0, bad)
             try:
                 current = _decode_mark(ledger_id, found)
@@ -272,7 +281,23 @@ class UnderReplicationManager:
                 )
             except (MetadataVersionConflict, NoSuchKey):
                 continue  # re-marked or repaired meanwhile: start over
+            await self._tell_workers(marked_ms)
             return UnderReplicatedLedger(ledger_id, merged, first, stat.version, merged_bad)
+
+    async def _tell_workers(self, marked_ms: int) -> None:
+        """Wake the workers watching LAST_MARKED. Best effort: the mark is made, and a
+        worker that misses this finds it at its next poll."""
+        try:
+            await put(
+                self.store, LAST_MARKED, json_records.encode(_MARKED_KIND, {"marked_ms": marked_ms})
+            )
+        except TallyError as error:
+            log.warning("could not tell the replication workers of a new mark: %s", error)
+
+    async def watch_marks(self, callback: Callable[[int | None], object]) -> Watcher[int | None]:
+        """Call `callback(when the last mark was made or changed, ms, or None)` now and at
+        every mark made or changed."""
+        return await watch_value(self.store, LAST_MARKED, _decode_marked, callback)
 
     async def under_replicated(self, ledger_id: LedgerId) -> UnderReplicatedLedger | None:
         """The ledger's mark, or None when it is not marked."""
