@@ -4,6 +4,7 @@ the passes recorded across restarts, and no false alarm from entries that compac
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -171,20 +172,35 @@ def test_a_rotten_record_length_loses_no_entry_past_it(
     storage.close()
 
 
+@pytest.mark.parametrize(
+    ("budget", "full_speed"),
+    [(EVERYTHING, False), (EVERYTHING, True), (700, True)],
+    ids=["scheduled", "full-speed", "full-speed-in-small-steps"],
+)
 def test_records_longer_than_a_read_are_checked_in_pieces(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    budget: int,
+    full_speed: bool,
 ) -> None:
+    """Reads of 256 bytes: most records go on past a read (and past the read ahead of a
+    pass at full speed, kept from step to step); every one is checked once, in the parse
+    (which never loses its way, so nothing is left to the counts' check)."""
     monkeypatch.setattr(scrubber, "READ_BYTES", 256)
     storage = opened(tmp_path / "bookie")
     model = fill(storage, LEDGERS[:2], 20)
     storage.close()
     storage = opened(tmp_path / "bookie")
-    victim = (LEDGERS[0], 9)
-    assert len(model[victim]) > 256
-    flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + len(model[victim]) - 1)
-    done = scrub_pass(storage)
-    assert (done.entries, done.corrupt) == (len(model), 1)
-    assert [(c.ledger_id, c.entry_id) for c in storage.corrupt_entries()] == [victim]
+    victims = [(LEDGERS[0], 9), (LEDGERS[0], 10), (LEDGERS[1], 3)]
+    for victim in victims:
+        assert len(model[victim]) > 256 or victim == (LEDGERS[1], 3)
+        flip_entry(storage, *victim, within=RECORD_HEADER_SIZE + len(model[victim]) - 1)
+    with caplog.at_level(logging.WARNING):
+        done = scrub_pass(storage, budget, full_speed=full_speed)
+    assert "no record can be parsed" not in caplog.text
+    assert (done.entries, done.corrupt) == (len(model), len(victims))
+    assert [(c.ledger_id, c.entry_id) for c in storage.corrupt_entries()] == sorted(victims)
     storage.close()
 
 

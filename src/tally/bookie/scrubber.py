@@ -215,44 +215,48 @@ class _Found:
 
 
 class _LogReads:
-    """The reads of one step over an entry log, each from where the parse got to: when the
-    step goes on past a read, the next stretch is read by another thread while the records
-    of this one are checked, so that a pass at full speed takes the longer of the reads and
-    the checks, not their sum (the read lets go of the GIL)."""
+    """The reads of a pass over one entry log, each from where the parse got to: the next
+    stretch is read by another thread while the records of this one are checked, so that a
+    pass at full speed takes the longer of the reads and the checks, not their sum (the read
+    lets go of the GIL). The read ahead outlives the step that asked for it: a pass at full
+    speed is steps back to back."""
 
-    def __init__(
-        self, entry_log: EntryLog, log_id: int, end: int, stop: int, reader: ThreadPoolExecutor
-    ) -> None:
+    def __init__(self, entry_log: EntryLog, log_id: int, reader: ThreadPoolExecutor) -> None:
         self._log = entry_log
-        self._log_id = log_id
-        self._end = end
-        self._stop = stop
+        self.log_id = log_id
         self._reader = reader
         self._ahead: tuple[int, Future[bytes | None]] | None = None
         self._last: tuple[int, bytes] = (0, b"")
 
-    def read(self, position: int, want: int) -> tuple[bytes, int]:
-        """The log's bytes from `position`, `want` of them or more; and how many of them were
-        not returned before (the rest is the end of the last read, not parsed yet).
-        EntryUnreadable if they cannot be read."""
+    def read(self, position: int, want: int, ahead_to: int) -> tuple[bytes, int]:
+        """The log's bytes from `position`, `want` of them or more, and the next up to
+        `ahead_to` read meanwhile; and how many of them were not returned before (the rest
+        is the end of the last read, not parsed yet). EntryUnreadable if they cannot be
+        read."""
         last_at, last = self._last
         ahead, self._ahead = self._ahead, None
         raw: bytes | None
-        if ahead is not None and ahead[0] == last_at + len(last) and last_at <= position:
-            fresh = ahead[1].result()
-            raw = last[position - last_at :] + (fresh or b"")
-            read = len(fresh or b"")
+        if (
+            ahead is not None
+            and ahead[0] == last_at + len(last)
+            and (
+                last_at <= position <= ahead[0]  # not past a long record read on its own
+            )
+        ):
+            fresh = ahead[1].result() or b""
+            raw = last[position - last_at :] + fresh
+            read = len(fresh)
         else:
-            raw = self._log.read_span(self._log_id, position, want)
+            raw = self._log.read_span(self.log_id, position, want)
             assert raw is not None, "read up to what is flushed"
             read = len(raw)
         self._last = (position, raw)
         after = position + len(raw)
-        if len(raw) >= want and after < self._stop:
-            size = min(self._end - after, READ_BYTES)
+        if len(raw) >= want and after < ahead_to:
+            size = min(ahead_to - after, READ_BYTES)
             self._ahead = (
                 after,
-                self._reader.submit(self._log.read_span, self._log_id, after, size),
+                self._reader.submit(self._log.read_span, self.log_id, after, size),
             )
         return raw, read
 
@@ -300,6 +304,8 @@ class Scrubber:
         self._stats = ScrubStats(last_complete=self._passes[-1].ended if self._passes else None)
         self._stats_lock = threading.Lock()
         self._read_ahead: ThreadPoolExecutor | None = None
+        self._reads: _LogReads | None = None
+        """The reads of the entry log the pass is in, kept from one step to the next."""
 
     # -- the state ------------------------------------------------------------------------
 
@@ -346,11 +352,14 @@ class Scrubber:
             if file is not None and file != progress.file:
                 self._found = _Found()
                 self._found_all = True
+                self._reads = None
             try:
                 if file is None:
                     ended = True
                 else:
-                    offset, ended = self._read_file(file, offset, max(1, budget), done)
+                    offset, ended = self._read_file(
+                        file, offset, max(1, budget), done, full_speed=full_speed
+                    )
             except _Stopped:
                 raise IllegalOperation("ledger storage is closing: scrubbing stopped") from None
             scrub = progress.current.plus(
@@ -432,12 +441,14 @@ class Scrubber:
         kept = [f for f in self._kept_files() if after < f <= progress.last_journal_file]
         return (FileKind.JOURNAL, min(kept)) if kept else None
 
-    def _read_file(self, file: FileKey, offset: int, budget: int, done: _Tally) -> tuple[int, bool]:
+    def _read_file(
+        self, file: FileKey, offset: int, budget: int, done: _Tally, *, full_speed: bool
+    ) -> tuple[int, bool]:
         """Read about `budget` bytes of `file` from `offset`; where it got to, and whether
         the file is read through (then its counts were compared, see the docstring)."""
         kind, file_id = file
         if kind is FileKind.ENTRY_LOG:
-            offset, ended, gone = self._read_log(file_id, offset, budget, done)
+            offset, ended, gone = self._read_log(file_id, offset, budget, done, full_speed)
         else:
             offset, ended, gone = self._read_journal_file(file_id, offset, budget, done)
         if ended and not gone and self._found_all:
@@ -447,7 +458,7 @@ class Scrubber:
     # -- entry logs -------------------------------------------------------------------------
 
     def _read_log(
-        self, log_id: int, offset: int, budget: int, done: _Tally
+        self, log_id: int, offset: int, budget: int, done: _Tally, full_speed: bool
     ) -> tuple[int, bool, bool]:
         """(where the step got to, whether the log is read through, whether it is gone)."""
         end = self._log.readable_end(log_id)
@@ -455,13 +466,16 @@ class Scrubber:
             return offset, True, True  # deleted meanwhile (compacted): nothing to check
         position = max(offset, FILE_HEADER_SIZE)
         stop = min(end, position + budget)
-        reads = _LogReads(self._log, log_id, end, stop, self._reader())
+        reads = self._reads
+        if reads is None or reads.log_id != log_id:
+            reads = self._reads = _LogReads(self._log, log_id, self._reader())
+        ahead_to = end if full_speed else stop  # a scheduled step reads nothing past its own
         while position < stop:
             if self._stopping.is_set():
                 raise _Stopped
             want = min(end - position, READ_BYTES, max(stop - position, RECORD_HEADER_SIZE))
             try:
-                raw, fresh = reads.read(position, want)
+                raw, fresh = reads.read(position, want, ahead_to)
             except EntryUnreadable as error:
                 log.warning("scrub: %s; what the index places in it is read alone", error)
                 return end, True, False
