@@ -18,6 +18,7 @@ from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.digest import crc32c, master_key
 from tally.core.errors import MalformedData, NoSuchLedger
 from tally.core.ids import LedgerId
+from tests.support.ledgers import rotating_ledger
 
 KEY = master_key(b"records")
 LEDGER = LedgerId(0, 42)
@@ -56,11 +57,19 @@ def _lac_applied(storage: LedgerStorage) -> None:
     assert storage.last_add_confirmed(LEDGER) == 17
 
 
+COPY = rotating_ledger(3, 2, 2, [5], None).to_bytes()
+
+
+def _copy_applied(storage: LedgerStorage) -> None:
+    assert storage.metadata_copy(LEDGER) == COPY
+
+
 KINDS: dict[str, tuple[bytes, Check]] = {
     "entry": (entry_record(), _entry_applied),
     "master key": (journal_records.master_key_record(LEDGER, KEY), _key_applied),
     "fence": (journal_records.fence_record(LEDGER), _fence_applied),
     "explicit LAC": (journal_records.explicit_lac_record(LEDGER, 17), _lac_applied),
+    "metadata copy": (journal_records.metadata_copy_record(LEDGER, COPY), _copy_applied),
 }
 
 
@@ -85,6 +94,7 @@ def test_the_record_layouts_are_stable() -> None:
     assert journal_records.fence_record(LEDGER) == b"\x03" + ids
     assert journal_records.master_key_record(LEDGER, KEY) == b"\x02" + ids + KEY
     assert journal_records.explicit_lac_record(LEDGER, 17) == b"\x04" + ids + struct.pack(">q", 17)
+    assert journal_records.metadata_copy_record(LEDGER, COPY) == b"\x05" + ids + COPY
     assert entry_record() == (b"\x01" + ids + struct.pack(">qqI", 3, 2, crc32c(PAYLOAD)) + PAYLOAD)
 
 
@@ -164,7 +174,7 @@ def test_a_record_cut_anywhere_or_extended_is_malformed(storage: LedgerStorage, 
         storage.ledger_info(LEDGER)
 
 
-@pytest.mark.parametrize("kind", [0, 5, 0x7F, 0x80, 0xFF])
+@pytest.mark.parametrize("kind", [0, 6, 0x7F, 0x80, 0xFF])
 def test_an_unknown_record_type_is_malformed(storage: LedgerStorage, kind: int) -> None:
     with pytest.raises(MalformedData, match=f"unknown type {kind}"):
         journal_records.apply(bytes([kind]) + journal_records.fence_record(LEDGER)[1:], storage)

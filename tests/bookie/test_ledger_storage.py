@@ -31,6 +31,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.protocol import KEEP_IN_PLACE, LedgerInfo
+from tests.support.ledgers import rotating_ledger
 
 L1 = LedgerId(0, 1)
 L2 = LedgerId(5, 2)
@@ -621,3 +622,46 @@ def test_sigkill_mid_checkpoint_loop_reopens_consistent(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     crash_child(Path(sys.argv[1]))
+
+
+def test_the_most_advanced_metadata_copy_is_kept_across_a_reopen_and_goes_with_a_delete(
+    storage: LedgerStorage,
+) -> None:
+    opened = rotating_ledger(3, 2, 2, [], None).to_bytes()
+    changed = rotating_ledger(3, 2, 2, [4], None).to_bytes()
+    closed = rotating_ledger(3, 2, 2, [4], 9).to_bytes()
+    assert storage.set_metadata_copy(L1, opened)
+    assert storage.metadata_copy(L1) == opened
+    storage.checkpoint(b"mark")
+    assert storage.set_metadata_copy(L1, closed)
+    assert not storage.set_metadata_copy(L1, changed), "an older copy arriving late"
+    assert storage.metadata_copy(L1) == closed
+    storage.checkpoint(b"mark")
+    storage = reopen(storage)
+    assert storage.metadata_copy(L1) == closed
+    assert not storage.set_metadata_copy(L1, changed)
+    assert storage.ledger_info(L1).entry_count == 0, "known from its copy alone"
+    with pytest.raises(BadRequest, match="metadata"):
+        storage.set_metadata_copy(L2, b"not metadata")
+    assert storage.metadata_copy(L2) is None
+    storage.delete_ledger(L1)
+    storage = reopen(storage)
+    assert storage.metadata_copy(L1) is None
+
+
+def test_a_metadata_copy_is_written_again_after_a_failed_checkpoint(
+    storage: LedgerStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = rotating_ledger(3, 2, 2, [], None).to_bytes()
+    storage.set_metadata_copy(L1, copy)
+
+    def failing(batch: object) -> None:
+        raise WriteFailed("disk gone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(storage._index, "write", failing)
+        with pytest.raises(WriteFailed):
+            storage.checkpoint(b"mark")
+    storage.checkpoint(b"mark")
+    storage = reopen(storage)
+    assert storage.metadata_copy(L1) == copy

@@ -35,6 +35,8 @@ from tally.core.protocol import (
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
+    MetadataCopyRequest,
+    MetadataCopyResponse,
     Operation,
     ReadLacRequest,
     ReadLacResponse,
@@ -91,6 +93,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(GetListOfEntriesOfLedgerRequest, request_ids, ledger_ids),
     st.builds(AvailabilityDumpRequest, request_ids),
     st.builds(LedgerInfoRequest, request_ids, ledger_ids),
+    st.builds(MetadataCopyRequest, request_ids, ledger_ids, keys, blobs.filter(bool)),
 )
 
 records = st.builds(LedgerAvailability, ledger_ids, blobs)
@@ -131,6 +134,7 @@ responses: st.SearchStrategy[Response] = st.one_of(
         ledger_ids,
         st.builds(LedgerInfo, st.booleans(), lacs, u64s, u64s),
     ),
+    st.builds(MetadataCopyResponse, request_ids, ledger_ids),
     error_responses(),
 )
 
@@ -144,6 +148,7 @@ SAMPLE_REQUESTS: list[Request] = [
     GetListOfEntriesOfLedgerRequest(6, WIDE),
     AvailabilityDumpRequest(UINT64_MAX),
     LedgerInfoRequest(0, LEDGER),
+    MetadataCopyRequest(8, WIDE, KEY, b"metadata"),
 ]
 SAMPLE_RESPONSES: list[Response] = [
     AddResponse(9, LEDGER, 3),
@@ -154,6 +159,7 @@ SAMPLE_RESPONSES: list[Response] = [
     AvailabilityDumpResponse(7, (LedgerAvailability(WIDE, b"abc"),), stream_end=False),
     AvailabilityDumpResponse(7, (), stream_end=True),
     LedgerInfoResponse(0, LEDGER, LedgerInfo(True, 41, 42, 4200)),
+    MetadataCopyResponse(8, WIDE),
     ErrorResponse(Operation.READ, 3, WIDE, 5, errors.Unauthorized.code, "wrong key"),
 ]
 
@@ -213,6 +219,7 @@ def test_operation_and_flag_numbers_are_stable() -> None:
         "GET_LIST_OF_ENTRIES_OF_LEDGER": 5,
         "AVAILABILITY_DUMP": 6,
         "LEDGER_INFO": 7,
+        "METADATA_COPY": 8,
     }
     assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END) == (1, 2, 4)
 
@@ -241,6 +248,9 @@ def test_request_layouts_are_byte_exact() -> None:
         Operation.AVAILABILITY_DUMP, ledger_id=LedgerId(0, 0)
     )
     assert LedgerInfoRequest(9, LEDGER).encode() == request_frame(Operation.LEDGER_INFO)
+    assert MetadataCopyRequest(9, LEDGER, KEY, b"copy").encode() == request_frame(
+        Operation.METADATA_COPY, KEY + b"copy"
+    )
 
 
 def test_response_layouts_are_byte_exact() -> None:
@@ -301,6 +311,7 @@ def test_only_a_dump_batch_without_stream_end_leaves_the_request_open() -> None:
         True,
         True,
         False,
+        True,
         True,
         True,
         True,
@@ -693,6 +704,10 @@ MALFORMED_REQUESTS = {
         "body of 31 bytes, expected 32 .a fencing read carries the master key",
     ),
     "write lac cut": (request_frame(Operation.WRITE_LAC, KEY), "body of 32 bytes, expected 40"),
+    "metadata copy without a copy": (
+        request_frame(Operation.METADATA_COPY, KEY),
+        "expected more than 32 \\(master key and a metadata copy\\)",
+    ),
     "write lac below -1": (
         request_frame(Operation.WRITE_LAC, KEY + struct.pack(">q", -2)),
         "LAC -2 is below -1",
@@ -920,6 +935,8 @@ def test_an_unknown_error_code_stays_visible() -> None:
         (lambda: ReadRequest(1, LEDGER, 0, b"k" * 33).encode(), "master key must be 32"),
         (lambda: WriteLacRequest(1, LEDGER, "k" * 32, 0).encode(), "master key"),  # type: ignore[arg-type]
         (lambda: WriteLacRequest(1, LEDGER, KEY, -2).encode(), "LAC -2 is outside"),
+        (lambda: MetadataCopyRequest(1, LEDGER, KEY, b"").encode(), "non-empty bytes"),
+        (lambda: MetadataCopyRequest(1, LEDGER, KEY[:8], b"x").encode(), "master key"),
         (lambda: AddRequest.for_entry(-1, entry_of(), KEY).encode(), "request id -1 is outside"),
         (lambda: AddRequest(1, entry_of(), KEY, 1 << 32).encode(), "crc32c 4294967296"),
         (lambda: ReadLacRequest(1 << 64, LEDGER).encode(), "request id"),

@@ -32,6 +32,8 @@ from tally.core.protocol import (
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
+    MetadataCopyRequest,
+    MetadataCopyResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -58,6 +60,8 @@ class FakeBookie:
         self.fenced: set[LedgerId] = set()
         self.errors: dict[LedgerId, TallyError] = {}
         self.dump: list[LedgerAvailability] = []
+        self.copies: dict[LedgerId, bytes] = {}
+        """The metadata copies given, by ledger (the last one)."""
         self.dump_budget = 300
         self.dump_frames = 0
         self.hold = False
@@ -105,6 +109,9 @@ class FakeBookie:
             return [
                 GetListOfEntriesOfLedgerResponse(request.request_id, ledger, availability).encode()
             ]
+        if isinstance(request, MetadataCopyRequest):
+            self.copies[ledger] = request.metadata
+            return [MetadataCopyResponse(request.request_id, ledger).encode()]
         if isinstance(request, LedgerInfoRequest):
             info = LedgerInfo(
                 ledger in self.fenced,
@@ -163,6 +170,9 @@ class FakeConnection(asyncio.Protocol):
         bookie = self.bookie
         answers = []
         for request in self.reader.feed(data):
+            if isinstance(request, MetadataCopyRequest):  # kept apart: the tests are of the rest
+                answers.extend(bookie.answer(request))
+                continue
             bookie.received.append(request)
             if bookie.hold:
                 bookie.held.append((self, request))

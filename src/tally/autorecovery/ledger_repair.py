@@ -17,6 +17,7 @@ from typing import Protocol
 from tally.autorecovery import replication_metrics as metrics
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
+from tally.client.metadata_copies import give_copies
 from tally.client.reader import EntryFetcher, FetchedEntry
 from tally.client.recovery import recover
 from tally.core.answers import Copy
@@ -122,6 +123,8 @@ class LedgerRepair:
         self.ledger_id = lock.ledger_id
         self.name = lock.ledger_id.qualified_name
         self.copied = 0
+        self.copied_to: set[str] = set()
+        """Bookies this turn copied entries onto: given the ledger's metadata copy at its end."""
         self.written_over: dict[str, set[int]] = defaultdict(set)
         """Bad copies (the mark's) this turn has written a verified copy over, per bookie."""
 
@@ -169,6 +172,8 @@ class LedgerRepair:
                 record = await self._recover(record, plan)
                 continue
             if plan.complete:
+                if self.copied_to:
+                    await give_copies(self.context, record, self.keys.master_key, self.copied_to)
                 return Turn(Outcome.REPLICATED, entries_copied=self.copied)
             if not plan.segments:
                 return self._failed(f"bookies {sorted(plan.unjudged)} cannot be judged")
@@ -265,6 +270,9 @@ class LedgerRepair:
         for segment in plan.segments:
             new_bookies = await self._choose(segment)
             tally = await self._copy(record.metadata, segment, new_bookies)
+            self.copied_to.update(
+                new_bookies.get(repair.position, repair.bookie_id) for repair in segment.repairs
+            )
             total.failed_entries += tally.failed_entries
             total.lost.update(tally.lost)
             replacements = replacements_of(segment, new_bookies, tally.failed_positions)

@@ -16,6 +16,9 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
                                                          2 read, 3 compaction), and the
                                                          location found corrupt, as `default`
                                                          packs it (CorruptMark)
+    copies    (scope u64, ledger u64)                ->  the copy of the ledger's metadata
+                                                         the bookie was given (LedgerMetadata
+                                                         bytes; core/metadata_copies.py)
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
@@ -102,7 +105,8 @@ _LEDGERS = "ledgers"
 _META = "meta"
 _USAGE_FAMILY = "usage"
 _CORRUPT = "corrupt"
-_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY, _CORRUPT)
+_COPIES = "copies"
+_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY, _CORRUPT, _COPIES)
 _JOURNAL_MARK = b"journal_mark"
 _KEPT_JOURNAL_FILES = b"kept_journal_files"
 _LIMBO_LEDGERS = b"limbo_ledgers"
@@ -354,10 +358,21 @@ class IndexBatch:
         self._batch.put(_ledger_key(ledger_id), state.to_bytes(), self._index._ledgers_handle)
 
     def delete_ledger(self, ledger_id: LedgerId) -> None:
-        """Every entry of the ledger (one range tombstone), its corrupt marks and its state."""
+        """Every entry of the ledger (one range tombstone), its corrupt marks, its state and
+        its metadata copy."""
         self._batch.delete_range(*_entry_range(ledger_id))
         self._batch.delete_range(*_entry_range(ledger_id), self._corrupt)
         self._batch.delete(_ledger_key(ledger_id), self._index._ledgers_handle)
+        self._batch.delete(_ledger_key(ledger_id), self._copies)
+
+    def put_metadata_copy(self, ledger_id: LedgerId, copy: bytes) -> None:
+        self._batch.put(_ledger_key(ledger_id), copy, self._copies)
+
+    @property
+    def _copies(self) -> rocksdict.ColumnFamily:
+        handle = self._index._copies_handle
+        assert handle is not None, "a writable index has every family"
+        return handle
 
     def put_corrupt(self, ledger_id: LedgerId, entry_id: int, mark: CorruptMark) -> None:
         key = _ENTRY_KEY.pack(ledger_id.scope, ledger_id.id, entry_id)
@@ -470,6 +485,10 @@ class Index:
             self._corrupt_handle = (
                 self._db.get_column_family_handle(_CORRUPT) if _CORRUPT in names else None
             )
+            self._copies_db = self._db.get_column_family(_COPIES) if _COPIES in names else None
+            self._copies_handle = (
+                self._db.get_column_family_handle(_COPIES) if _COPIES in names else None
+            )
         except TallyError:
             raise
         except Exception as error:
@@ -578,6 +597,17 @@ class Index:
                 f"index: cannot read the state of ledger {ledger_id}: {error}"
             ) from error
         return None if raw is None else LedgerData.from_bytes(raw, ledger_id)
+
+    def metadata_copy(self, ledger_id: LedgerId) -> bytes | None:
+        """The copy of the ledger's metadata kept here, as given (None: none)."""
+        if self._copies_db is None:
+            return None
+        try:
+            return cast(bytes | None, self._copies_db.get(_ledger_key(ledger_id)))
+        except Exception as error:
+            raise EntryUnreadable(
+                f"index: cannot read the metadata copy of ledger {ledger_id}: {error}"
+            ) from error
 
     def kept_journal_files(self) -> set[int]:
         """The journal files that hold entries the index points to (see journal_entries)."""
@@ -786,10 +816,11 @@ class Index:
             return
         self._closed = True
         del self._ledgers_handle, self._meta_handle, self._usage_handle, self._corrupt_handle
+        del self._copies_handle
         try:
             self._ledgers_db.close()
             self._meta_db.close()
-            for family in (self._usage_db, self._corrupt_db):
+            for family in (self._usage_db, self._corrupt_db, self._copies_db):
                 if family is not None:
                     family.close()
             self._db.close()

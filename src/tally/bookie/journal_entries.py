@@ -38,6 +38,7 @@ class RecordType(enum.IntEnum):
     MASTER_KEY = 2
     FENCE = 3
     EXPLICIT_LAC = 4
+    METADATA_COPY = 5
 
 
 ENTRY_HEAD = struct.Struct(">BQQqqI")

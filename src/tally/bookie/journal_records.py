@@ -2,7 +2,8 @@
 
 Everything a bookie acknowledges must survive a crash until the next checkpoint has put it
 in ledger storage: entries, the master key the first writer fixed, fences (a fence that a
-restart forgot would let an old writer slip past recovery) and explicit LACs. Each is one
+restart forgot would let an old writer slip past recovery), explicit LACs and the ledgers'
+metadata copies (kept for metadata recovery: core/metadata_copies.py). Each is one
 journal record; replaying the journal after the last checkpoint re-applies them, and
 every application is idempotent, so replaying twice is harmless.
 """
@@ -53,6 +54,11 @@ def explicit_lac_record(ledger_id: LedgerId, last_add_confirmed: int) -> bytes:
     )
 
 
+def metadata_copy_record(ledger_id: LedgerId, copy: bytes) -> bytes:
+    """The ledger's metadata copy (LedgerMetadata bytes) follows the ledger's id."""
+    return _LEDGER.pack(RecordType.METADATA_COPY, ledger_id.scope, ledger_id.id) + copy
+
+
 def apply(record: bytes, storage: BookieStorage, kept_at: JournalMark | None = None) -> LedgerId:
     """Re-apply one journal record to `storage` (at start-up, after the last checkpoint);
     returns the ledger it is about.
@@ -88,6 +94,10 @@ def apply(record: bytes, storage: BookieStorage, kept_at: JournalMark | None = N
             _, scope, ledger, lac = _EXPLICIT_LAC.unpack(record)
             ledger_id = LedgerId(scope, ledger)
             storage.set_explicit_lac(ledger_id, lac)
+        elif kind == RecordType.METADATA_COPY:
+            _, scope, ledger = _LEDGER.unpack_from(record)
+            ledger_id = LedgerId(scope, ledger)
+            storage.set_metadata_copy(ledger_id, bytes(record[_LEDGER.size :]))
         else:
             raise MalformedData(f"journal record of unknown type {kind}")
     except struct.error as error:

@@ -355,6 +355,12 @@ class LedgerDirectories:
     def set_explicit_lac(self, ledger_id: LedgerId, last_add_confirmed: int) -> None:
         self._writing(ledger_id).set_explicit_lac(ledger_id, last_add_confirmed)
 
+    def set_metadata_copy(self, ledger_id: LedgerId, copy: bytes) -> bool:
+        return self._writing(ledger_id).set_metadata_copy(ledger_id, copy)
+
+    def metadata_copy(self, ledger_id: LedgerId) -> bytes | None:
+        return self._read(ledger_id, LedgerStorage.metadata_copy)
+
     def enter_limbo(self, ledger_ids: Iterable[LedgerId]) -> None:
         by_storage: dict[LedgerStorage, list[LedgerId]] = defaultdict(list)
         for ledger_id in ledger_ids:

@@ -110,11 +110,14 @@ from tally.core.errors import (
     EntryUnreadable,
     IllegalOperation,
     LedgerInLimbo,
+    MalformedData,
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
 )
 from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.metadata_copies import supersedes
 from tally.core.protocol import KEEP_IN_PLACE, EntryBytes, LedgerInfo
 from tally.core.scrub import ScrubPass
 
@@ -222,6 +225,8 @@ class LedgerStorage:
         self._states: dict[LedgerId, LedgerData] = {}
         """Every ledger touched since start-up (loaded on first use, never evicted)."""
         self._dirty: set[LedgerId] = set()
+        self._copies: dict[LedgerId, bytes] = {}
+        """Metadata copies given since the last checkpoint began, written by the next."""
         """Ledgers whose state changed since the last checkpoint took its snapshot, besides
         the ledgers in the write cache, whose states every checkpoint writes anyway."""
         self._limbo = self._index.limbo_ledgers()
@@ -356,6 +361,38 @@ class LedgerStorage:
             if last_add_confirmed > state.explicit_lac:
                 state.explicit_lac = last_add_confirmed
                 self._dirty.add(ledger_id)
+
+    def set_metadata_copy(self, ledger_id: LedgerId, copy: bytes) -> bool:
+        """Keep `copy` (LedgerMetadata bytes) as the ledger's metadata copy if it is more
+        advanced than the one held (`tally.core.metadata_copies`); whether it was kept.
+        Durable at the next checkpoint (the bookie journals it first). BadRequest if it
+        does not decode."""
+        try:
+            offered = LedgerMetadata.from_bytes(copy, ledger_id)
+        except MalformedData as error:
+            raise BadRequest(str(error)) from None
+        with self._lock:
+            held_bytes = self._copies.get(ledger_id)
+        if held_bytes is None:
+            held_bytes = self._index.metadata_copy(ledger_id)
+        held = None
+        if held_bytes is not None:
+            try:
+                held = LedgerMetadata.from_bytes(held_bytes, ledger_id)
+            except MalformedData as error:
+                log.error("ledger %s: the metadata copy held is replaced: %s", ledger_id, error)
+        if not supersedes(offered, held):
+            return False
+        with self._lock:
+            self._touch(ledger_id)
+            self._copies[ledger_id] = bytes(copy)
+        return True
+
+    def metadata_copy(self, ledger_id: LedgerId) -> bytes | None:
+        """The ledger's metadata copy kept here (None: none was given)."""
+        with self._lock:
+            pending = self._copies.get(ledger_id)
+        return pending if pending is not None else self._index.metadata_copy(ledger_id)
 
     def enter_limbo(self, ledger_ids: Iterable[LedgerId]) -> None:
         """Put the ledgers in limbo, fenced (see the module docstring); durable at the next
@@ -815,6 +852,7 @@ class LedgerStorage:
                 flushing, self._flushing = self._cache, self._cache
                 self._cache = WriteCache()
                 dirty, self._dirty = self._dirty, set()
+                copies, self._copies = self._copies, {}
                 limbo = frozenset(self._limbo) if self._limbo_changed else None
                 self._limbo_changed = False
             try:
@@ -826,6 +864,8 @@ class LedgerStorage:
                         if ledger_id in totals:
                             state = _with_totals(state.copy(), totals[ledger_id])
                         batch.put_ledger_data(ledger_id, state)
+                    for ledger_id, copy in copies.items():
+                        batch.put_metadata_copy(ledger_id, copy)
                     batch.put_journal_mark(journal_mark)
                     if limbo is not None:
                         batch.put_limbo_ledgers(limbo)
@@ -845,6 +885,7 @@ class LedgerStorage:
                         flushing.absorb(self._cache)
                         self._cache, self._flushing = flushing, None
                     self._dirty |= dirty
+                    self._copies = {**copies, **self._copies}
                     self._limbo_changed |= limbo is not None
                 raise
             self._index.sync()
@@ -937,6 +978,7 @@ class LedgerStorage:
                 self._cache.drop_ledger(ledger_id)
                 self._states.pop(ledger_id, None)
                 self._dirty.discard(ledger_id)
+                self._copies.pop(ledger_id, None)
             self._index.sync()
 
     def forget_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> int:

@@ -269,6 +269,28 @@ class BookieRequestProcessor:
             record, lambda: self._ok(request, connection, response), request, connection
         )
 
+    def _metadata_copy(
+        self, request: protocol.MetadataCopyRequest, connection: BookieConnectionHandler
+    ) -> None:
+        """Keep the ledger's metadata copy, journaled before the reply: the writer sends it
+        ahead of the segment's adds on the same connection, so it is durable with them."""
+        ledger_id = request.ledger_id
+        admit_write(self.disk, self.bookie_id, recovery=True)
+        admission = admit_write_lac(
+            ledger_id, self.storage.ledger_access(ledger_id), request.master_key
+        )
+        if admission.record_master_key:
+            self.storage.set_master_key(ledger_id, request.master_key)
+            self._journal_master_key(ledger_id, request.master_key)
+        response = protocol.MetadataCopyResponse(request.request_id, ledger_id).encode()
+        if not self.storage.set_metadata_copy(ledger_id, request.metadata):
+            self._ok(request, connection, response)  # an older copy: the held one stays
+            return
+        record = journal_records.metadata_copy_record(ledger_id, request.metadata)
+        self._journal_then(
+            record, lambda: self._ok(request, connection, response), request, connection
+        )
+
     def _list_entries(
         self, request: protocol.GetListOfEntriesOfLedgerRequest, connection: BookieConnectionHandler
     ) -> None:
@@ -316,6 +338,7 @@ class BookieRequestProcessor:
         protocol.ReadRequest: _read,
         protocol.ReadLacRequest: _read_lac,
         protocol.WriteLacRequest: _write_lac,
+        protocol.MetadataCopyRequest: _metadata_copy,
         protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
         protocol.LedgerInfoRequest: _ledger_info,
         protocol.AvailabilityDumpRequest: _dump,

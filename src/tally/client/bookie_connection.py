@@ -43,6 +43,7 @@ from tally.core.protocol import (
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
+    MetadataCopyRequest,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -205,6 +206,21 @@ class BookieConnection(asyncio.BufferedProtocol):
                 request_id, ledger_id, master_key, last_add_confirmed
             )
         )
+
+    def metadata_copy_nowait(
+        self, ledger_id: LedgerId, master_key: bytes, metadata: bytes
+    ) -> asyncio.Future[Response | None]:
+        """Send the ledger's metadata copy now (ahead of any frame sent after it); the future
+        resolves when the bookie has it durably."""
+        future: asyncio.Future[Response | None] = self._loop.create_future()
+        try:
+            self._submit(
+                lambda request_id: MetadataCopyRequest(request_id, ledger_id, master_key, metadata),
+                future,
+            )
+        except TallyError as error:
+            future.set_exception(error)
+        return future
 
     async def get_list_of_entries(self, ledger_id: LedgerId) -> EntryAvailability:
         """The entries the bookie's index has. MalformedData if it sends a bad encoding."""

@@ -19,6 +19,7 @@ import asyncio
 import logging
 
 from tally.client.context import ClientContext
+from tally.client.metadata_copies import give_copies
 from tally.client.reader import EntryFetcher, FetchedEntry
 from tally.core.answers import Answer
 from tally.core.digest import LedgerKeys
@@ -62,6 +63,7 @@ async def recover(context: ClientContext, record: LedgerRecord, keys: LedgerKeys
         raise LedgerRecoveryFailed(f"ledger {ledger_id}: entry {start} could not be read")
     record = await _rewrite(fetcher, record, [r for r in recovered if r.entry.entry_id > confirmed])
     closed = await _close(context, record, last, length)
+    await give_copies(context, closed, keys.master_key)
     log.info(
         "ledger %s recovered: closed at entry %d (%d bytes), %d entries past LAC %d re-written",
         ledger_id,

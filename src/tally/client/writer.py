@@ -28,7 +28,9 @@ import time
 from functools import partial
 from typing import Any
 
+from tally.client.bookie_connection import BookieConnection
 from tally.client.context import ClientContext
+from tally.client.metadata_copies import copy_answered, give_copies
 from tally.core.digest import mac_key, master_key
 from tally.core.entry_format import EntryFormat, decode_entry, encode_entry
 from tally.core.errors import (
@@ -99,6 +101,11 @@ class LedgerWriter:
         """Resolved once no copy is in flight, while a close waits for that."""
         self._last_add_time = time.monotonic()
         self._lac_sent = -1
+        self._copy = metadata.to_bytes()
+        """The metadata copy of the current segment, given to each of its bookies (issue
+        18): ahead of the first add each gets on its connection, so durable with it."""
+        self._copied: set[str] = set()
+        """Bookies given `_copy`."""
         self._lac_task = (
             asyncio.get_running_loop().create_task(self._explicit_lac_loop())
             if context.config.explicit_lac_interval > 0
@@ -199,8 +206,17 @@ class LedgerWriter:
                 self._send_after_dial(entry_id, position, bookie, encoded)
             )
             return
+        if bookie not in self._copied:
+            self._give_copy(bookie, connection)
         future = connection.add_nowait(encoded, self._master_key)
         future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
+
+    def _give_copy(self, bookie: str, connection: BookieConnection) -> None:
+        """Send the bookie the current segment's metadata copy (best effort: a bookie
+        without one only makes a metadata recovery infer more)."""
+        self._copied.add(bookie)
+        future = connection.metadata_copy_nowait(self.ledger_id, self._master_key, self._copy)
+        future.add_done_callback(partial(copy_answered, self.ledger_id, bookie))
 
     async def _send_after_dial(
         self, entry_id: int, position: int, bookie: str, encoded: bytes
@@ -216,6 +232,8 @@ class LedgerWriter:
                 self._on_failure(entry_id, position, bookie, error)
             return
         if self._bookie_of(entry_id, position) == bookie:
+            if bookie not in self._copied:
+                self._give_copy(bookie, connection)
             future = connection.add_nowait(encoded, self._master_key)
             future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
 
@@ -401,6 +419,8 @@ class LedgerWriter:
             [ensemble[p] for p in positions],
         )
         self._ensemble = ensemble
+        self._copy = self._record.metadata.to_bytes()
+        self._copied = set()
 
     def _stop_if_recovering(self, metadata: LedgerMetadata) -> None:
         if metadata.state is LedgerState.IN_RECOVERY:
@@ -461,6 +481,7 @@ class LedgerWriter:
         self._record = await self._context.ledgers.update(
             self.ledger_id, close, current=self._record
         )
+        await give_copies(self._context, self._record, self._master_key)
         await self._mark_under_replicated("closed")
 
     async def stop(self) -> None:

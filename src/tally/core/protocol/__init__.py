@@ -27,6 +27,7 @@ not write: a frame that decodes re-encodes to exactly its own bytes.
     AVAILABILITY_DUMP (no ledger)   -                               records, over many frames
     LEDGER_INFO                     -                               fenced u8, LAC i64,
                                                                     entry count u64, bytes u64
+    METADATA_COPY                   master key, ledger metadata     -
 
 An error response's body is the error's message in UTF-8. A dump answers with one or more
 frames of records (scope u64, ledger u64, length u32, availability encoding); the last one
@@ -63,6 +64,7 @@ from tally.core.protocol.requests import (
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
     LedgerInfoRequest,
+    MetadataCopyRequest,
     ReadLacRequest,
     ReadRequest,
     Request,
@@ -75,6 +77,7 @@ from tally.core.protocol.responses import (
     GetListOfEntriesOfLedgerResponse,
     LedgerInfo,
     LedgerInfoResponse,
+    MetadataCopyResponse,
     ReadLacResponse,
     ReadResponse,
     Response,
@@ -112,6 +115,8 @@ __all__ = [
     "LedgerInfo",
     "LedgerInfoRequest",
     "LedgerInfoResponse",
+    "MetadataCopyRequest",
+    "MetadataCopyResponse",
     "Operation",
     "ReadLacRequest",
     "ReadLacResponse",

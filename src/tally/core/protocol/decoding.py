@@ -15,6 +15,7 @@ from tally.core.protocol.requests import (
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
     LedgerInfoRequest,
+    MetadataCopyRequest,
     ReadLacRequest,
     ReadRequest,
     Request,
@@ -26,6 +27,7 @@ from tally.core.protocol.responses import (
     GetListOfEntriesOfLedgerResponse,
     LedgerInfo,
     LedgerInfoResponse,
+    MetadataCopyResponse,
     ReadLacResponse,
     ReadResponse,
     Response,
@@ -94,6 +96,22 @@ def _decode_write_lac(
     return WriteLacRequest(request_id, LedgerId(scope, ledger), master_key, lac)
 
 
+def _decode_metadata_copy(
+    request_id: int, scope: int, ledger: int, entry_id: int, flags: int, body: memoryview
+) -> MetadataCopyRequest:
+    if len(body) <= MASTER_KEY_SIZE:
+        raise MalformedData(
+            f"body of {len(body)} bytes, expected more than {MASTER_KEY_SIZE} (master key and "
+            "a metadata copy)"
+        )
+    return MetadataCopyRequest(
+        request_id,
+        LedgerId(scope, ledger),
+        bytes(body[:MASTER_KEY_SIZE]),
+        bytes(body[MASTER_KEY_SIZE:]),
+    )
+
+
 def _empty_request(
     make: Callable[[int, LedgerId], Request],
 ) -> Callable[[int, int, int, int, int, memoryview], Request]:
@@ -116,6 +134,7 @@ REQUEST_DECODERS: Final[dict[int, Callable[[int, int, int, int, int, memoryview]
         lambda request_id, _: AvailabilityDumpRequest(request_id)
     ),
     Operation.LEDGER_INFO: _empty_request(LedgerInfoRequest),
+    Operation.METADATA_COPY: _decode_metadata_copy,
 }
 
 
@@ -183,6 +202,9 @@ RESPONSE_DECODERS: Final[dict[int, Callable[[int, LedgerId, int, int, memoryview
     ),
     Operation.AVAILABILITY_DUMP: _decode_dump_response,
     Operation.LEDGER_INFO: _decode_ledger_info_response,
+    Operation.METADATA_COPY: _empty_response(
+        lambda request_id, ledger_id, _: MetadataCopyResponse(request_id, ledger_id)
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from tally.core.protocol.wire import (
     check_header_fields,
     check_int,
     check_master_key,
+    name,
     request_frame,
 )
 
@@ -191,6 +192,26 @@ class LedgerInfoRequest(_LedgerQuery):
     operation: ClassVar[Operation] = Operation.LEDGER_INFO
 
 
+@dataclass(frozen=True, slots=True)
+class MetadataCopyRequest:
+    """Give the bookie a copy of the ledger's metadata (LedgerMetadata.to_bytes) as of the
+    latest segment it is part of, kept for metadata recovery (issue 18); the writer's key
+    proves who says so."""
+
+    operation: ClassVar[Operation] = Operation.METADATA_COPY
+    request_id: int
+    ledger_id: LedgerId
+    master_key: bytes
+    metadata: bytes
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        check_master_key(self.master_key, self)
+        if not isinstance(self.metadata, bytes) or not self.metadata:
+            raise BadRequest(f"{name(self)}: the metadata copy must be non-empty bytes")
+        return request_frame(self, NO_FLAGS, self.master_key + self.metadata, max_frame_size)
+
+
 Request: TypeAlias = (
     AddRequest
     | ReadRequest
@@ -199,4 +220,5 @@ Request: TypeAlias = (
     | GetListOfEntriesOfLedgerRequest
     | AvailabilityDumpRequest
     | LedgerInfoRequest
+    | MetadataCopyRequest
 )

@@ -207,6 +207,17 @@ class ErrorResponse(_Response):
         return response_frame(self, NO_FLAGS, body, max_frame_size, self.code)
 
 
+@dataclass(frozen=True, slots=True)
+class MetadataCopyResponse(_Response):
+    operation: ClassVar[Operation] = Operation.METADATA_COPY
+    request_id: int
+    ledger_id: LedgerId
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        return response_frame(self, NO_FLAGS, b"", max_frame_size)
+
+
 Response: TypeAlias = (
     AddResponse
     | ReadResponse
@@ -215,5 +226,6 @@ Response: TypeAlias = (
     | GetListOfEntriesOfLedgerResponse
     | AvailabilityDumpResponse
     | LedgerInfoResponse
+    | MetadataCopyResponse
     | ErrorResponse
 )

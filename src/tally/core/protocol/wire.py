@@ -47,6 +47,7 @@ class Operation(enum.IntEnum):
     GET_LIST_OF_ENTRIES_OF_LEDGER = 5
     AVAILABILITY_DUMP = 6
     LEDGER_INFO = 7
+    METADATA_COPY = 8
 
 
 class Flags(enum.IntFlag):
@@ -84,6 +85,7 @@ RULES: Final = {
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGER: _Rule(0, None, True),
     Operation.AVAILABILITY_DUMP: _Rule(0, None, False),
     Operation.LEDGER_INFO: _Rule(0, None, True),
+    Operation.METADATA_COPY: _Rule(0, None, True),
 }
 
 
