@@ -168,7 +168,8 @@ def test_checkpoints_count_each_ledgers_bytes_in_each_log_and_the_counts_survive
 def forget_counts(directory: Path) -> None:
     """Make the index look like one written before usage was counted."""
     families = {
-        name: rocksdict.Options(raw_mode=True) for name in ("ledgers", "meta", "usage", "corrupt")
+        name: rocksdict.Options(raw_mode=True)
+        for name in ("ledgers", "meta", "usage", "corrupt", "copies")
     }
     raw = rocksdict.Rdict(str(directory / "index"), rocksdict.Options(raw_mode=True), families)
     usage = raw.get_column_family("usage")

@@ -158,7 +158,7 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
         rocksdict.Options(raw_mode=True),
         {
             name: rocksdict.Options(raw_mode=True)
-            for name in ("ledgers", "meta", "usage", "corrupt")
+            for name in ("ledgers", "meta", "usage", "corrupt", "copies")
         },
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")

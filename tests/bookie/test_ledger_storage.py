@@ -31,7 +31,6 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.protocol import KEEP_IN_PLACE, LedgerInfo
-from tests.support.ledgers import rotating_ledger
 
 L1 = LedgerId(0, 1)
 L2 = LedgerId(5, 2)
@@ -627,6 +626,8 @@ if __name__ == "__main__":
 def test_the_most_advanced_metadata_copy_is_kept_across_a_reopen_and_goes_with_a_delete(
     storage: LedgerStorage,
 ) -> None:
+    from tests.support.ledgers import rotating_ledger  # this file also runs as a script
+
     opened = rotating_ledger(3, 2, 2, [], None).to_bytes()
     changed = rotating_ledger(3, 2, 2, [4], None).to_bytes()
     closed = rotating_ledger(3, 2, 2, [4], 9).to_bytes()
@@ -652,6 +653,8 @@ def test_the_most_advanced_metadata_copy_is_kept_across_a_reopen_and_goes_with_a
 def test_a_metadata_copy_is_written_again_after_a_failed_checkpoint(
     storage: LedgerStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.support.ledgers import rotating_ledger  # this file also runs as a script
+
     copy = rotating_ledger(3, 2, 2, [], None).to_bytes()
     storage.set_metadata_copy(L1, copy)
 

@@ -112,7 +112,7 @@ def refusing_reads_of(entry_id: int, error: TallyError) -> Callable[[Request], T
 async def test_recovery_fences_and_rewrites_an_entry_only_one_bookie_has() -> None:
     async with open_ledger(ack_quorum=2, written=10) as ledger:
         ledger.put(ledger.a, 10)  # never acknowledged, but it may have been: it is kept
-        closed = await ledger.recover()
+        closed = await ledger.recover(PATIENT)  # every bookie answers: no timeout to race
         assert (closed.state, closed.last_entry_id) == (LedgerState.CLOSED, 10)
         assert closed.length == sum(len(payload(e)) for e in range(11))
         for bookie in (ledger.a, ledger.b, ledger.c):

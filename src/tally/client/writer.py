@@ -481,7 +481,9 @@ class LedgerWriter:
         self._record = await self._context.ledgers.update(
             self.ledger_id, close, current=self._record
         )
-        await give_copies(self._context, self._record, self._master_key)
+        # Only to the bookies that were sent adds in this segment: a bookie given nothing to
+        # hold (E > WQ, a short ledger) is not made to know the ledger by its copy.
+        await give_copies(self._context, self._record, self._master_key, self._copied)
         await self._mark_under_replicated("closed")
 
     async def stop(self) -> None:
