@@ -27,10 +27,13 @@ async def give_copies(
     record: LedgerRecord,
     master_key: bytes,
     bookies: Iterable[str] | None = None,
+    *,
+    wait: bool = True,
 ) -> None:
     """Give `bookies` (the last segment's by default) a copy of the ledger's metadata as it
-    now is, and wait for their answers up to `close_copies_timeout` (best effort: a failure
-    is logged, not raised; a bookie slower than that is answered in the background)."""
+    now is, and wait for their answers up to `close_copies_timeout`, or (not `wait`) not at
+    all: best effort, a failure is logged, not raised, and the answers that come later are
+    taken in the background."""
     copy = record.metadata.to_bytes()
     targets = sorted(set(record.metadata.segments[-1].ensemble if bookies is None else bookies))
 
@@ -46,7 +49,9 @@ async def give_copies(
     tasks = [asyncio.create_task(give(bookie)) for bookie in targets]
     if not tasks:
         return
-    _, slow = await asyncio.wait(tasks, timeout=context.config.close_copies_timeout)
+    slow = set(tasks)
+    if wait:
+        _, slow = await asyncio.wait(tasks, timeout=context.config.close_copies_timeout)
     for task in slow:  # kept referenced until they end
         _slow.add(task)
         task.add_done_callback(_slow.discard)
