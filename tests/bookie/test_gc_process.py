@@ -163,7 +163,7 @@ def gc_bookie(cluster: str, tmp_path: Path) -> Iterator[BookieUnderTest]:
         process.kill()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)  # 27 s on a quiet machine, 94 s on a busy one, more beside a worker
 def test_sigkill_during_compaction_under_a_write_load_loses_no_acknowledged_entry(
     gc_bookie: BookieUnderTest,
 ) -> None:
@@ -250,7 +250,7 @@ def disk_bytes(data_dir: Path) -> int:
     )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(360)
 def test_after_most_ledgers_are_deleted_the_disk_comes_back_near_the_live_bytes(
     gc_bookie: BookieUnderTest,
 ) -> None:
@@ -281,7 +281,7 @@ async def delete_most(bookie: BookieUnderTest) -> None:
     await close_and_delete(bookie.metadata, writer, ledgers, doomed)
     slack = 2 * SETTINGS["journal_file_size"] + SETTINGS["entry_log_size_limit"]
     bound = 1.25 * live + slack
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # a GC run every 0.1 s: seconds, unless the CPU is shared
     while (now := disk_bytes(bookie.data_dir)) > bound:
         assert time.monotonic() < deadline, (
             f"{now} bytes on disk after deleting 90 % of {written} bytes; {live} live bytes"
