@@ -142,7 +142,7 @@ async def test_copies_that_all_fail_their_digest_are_not_filed() -> None:
 async def test_an_error_or_a_timeout_is_never_taken_as_missing(
     answers: tuple[type[TallyError], ...], raised: type[TallyError]
 ) -> None:
-    config = dataclasses.replace(CONFIG, read_timeout=0.3, speculative_read_timeout=0.05)
+    config = dataclasses.replace(CONFIG, read_timeout=1.0, speculative_read_timeout=0.05)
     async with written_ledger() as written:
         for bookie, answer in zip(written.ensemble, answers, strict=True):
             if answer is Timeout:

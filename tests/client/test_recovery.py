@@ -26,7 +26,9 @@ from tally.metadata.ledger_manager import LedgerManager
 from tests.support.fake_bookie import FakeBookie, FakeCluster, fake_cluster
 
 PASSWORD = b"recovery"
-CONFIG = ClientConfig(explicit_lac_interval=0, read_timeout=0.3, speculative_read_timeout=0.1)
+CONFIG = ClientConfig(explicit_lac_interval=0, read_timeout=2.0, speculative_read_timeout=0.1)
+"""A held bookie times out after 2 s: long enough that the answering ones never do, on a
+machine shared with another test worker (0.3 s was passed there)."""
 PATIENT = dataclasses.replace(CONFIG, read_timeout=10.0)
 """For recoveries whose bookies all answer, on a machine busy enough to pass 0.3 s."""
 
