@@ -313,6 +313,9 @@ def test_a_ledger_in_limbo_never_answers_no_such_entry_and_stays_there_across_a_
     held = {e: add(storage, L1, e) for e in (0, 2)}
     storage.enter_limbo([L1, L2])
     assert storage.limbo_ledgers() == {L1, L2}
+    # a repair's add of an entry a ledger in limbo lacks is written, not refused
+    assert not storage.holds_intact(L1, 1, crc32c(body(L1, 1)))
+    assert not storage.holds_intact(L2, 0, 0)
     assert storage.is_fenced(L1)
     assert storage.is_fenced(L2), "a ledger the bookie knew nothing of is fenced all the same"
     for _ in range(2):

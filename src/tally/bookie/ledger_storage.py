@@ -225,10 +225,10 @@ class LedgerStorage:
         self._states: dict[LedgerId, LedgerData] = {}
         """Every ledger touched since start-up (loaded on first use, never evicted)."""
         self._dirty: set[LedgerId] = set()
-        self._copies: dict[LedgerId, bytes] = {}
-        """Metadata copies given since the last checkpoint began, written by the next."""
         """Ledgers whose state changed since the last checkpoint took its snapshot, besides
         the ledgers in the write cache, whose states every checkpoint writes anyway."""
+        self._copies: dict[LedgerId, bytes] = {}
+        """Metadata copies given since the last checkpoint began, written by the next."""
         self._limbo = self._index.limbo_ledgers()
         self._limbo_changed = False
         """Whether `_limbo` changed since the last checkpoint took its snapshot."""
@@ -482,10 +482,8 @@ class LedgerStorage:
         if cached:
             return False
         try:
-            if self._index.location(ledger_id, entry_id) is None:
-                return False
             held, _ = self.get_entry(ledger_id, entry_id)
-        except (EntryUnreadable, NoSuchEntry, NoSuchLedger):
+        except (EntryUnreadable, LedgerInLimbo, NoSuchEntry, NoSuchLedger):
             return False
         return held == crc32c  # else other bytes: a recovering client's own LAC, say
 
