@@ -52,7 +52,7 @@ from tally.core.errors import (
     WriteFailed,
 )
 from tally.core.ids import LedgerId
-from tally.core.ledger_dirs import FULL_ERRNOS
+from tally.core.ledger_dirs import DiskError, classify_error
 from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
 from tally.core.receive_limits import ReceiveBudget
@@ -455,7 +455,7 @@ class Bookie:
             try:
                 await asyncio.to_thread(self._checkpoint_now)
             except WriteFailed as error:
-                if errno_of(error) in FULL_ERRNOS:
+                if classify_error(errno_of(error)) is DiskError.FULL:
                     self._checkpoint_out_of_room(error)
                 else:
                     self._io_error(f"checkpoint failed: {error}")
