@@ -42,9 +42,7 @@ async def give_copies(
             connection = await context.bookies.get(bookie)
             await connection.metadata_copy_nowait(record.ledger_id, master_key, copy)
         except TallyError as error:
-            log.info(
-                "ledger %s: no metadata copy on bookie %s: %s", record.ledger_id, bookie, error
-            )
+            _no_copy(record.ledger_id, bookie, error)
 
     tasks = [asyncio.create_task(give(bookie)) for bookie in targets]
     if not tasks:
@@ -58,7 +56,10 @@ async def give_copies(
 
 
 def copy_answered(ledger_id: LedgerId, bookie: str, future: asyncio.Future[object]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.info(
-            "ledger %s: no metadata copy on bookie %s: %s", ledger_id, bookie, future.exception()
-        )
+    """The answer to a copy sent without waiting: a failure is logged."""
+    if not future.cancelled() and (error := future.exception()) is not None:
+        _no_copy(ledger_id, bookie, error)
+
+
+def _no_copy(ledger_id: LedgerId, bookie: str, error: BaseException) -> None:
+    log.info("ledger %s: no metadata copy on bookie %s: %s", ledger_id, bookie, error)
