@@ -409,18 +409,18 @@ def test_entries_moved_by_compaction_under_the_scrubber_are_not_corrupt(tmp_path
     compacted: list[int] = []
     settled: list[Verdict] = []
 
-    def then_compact(log_id: int, offset: int, size: int) -> bytes | None:
-        raw = read_span(log_id, offset, size)
+    def then_compact(log_id: int, offset: int, into: memoryview) -> int | None:
+        read = read_span(log_id, offset, into)
         if not compacted:
             report = storage.collect_garbage(time.time(), force_major=True)
             compacted.extend(report.compacted_entry_logs)
             assert log_id in compacted
-            assert raw is not None
+            assert read is not None
             # as if a byte had rotted in a record of it: looked up again, found moved
             victim = next(key for key in model if storage._index.location(*key) is not None)
             stale = Location(log_id, offset, 100)
             settled.append(settle(*victim, stale, True, "a test's stale copy"))
-        return raw
+        return read
 
     storage._log.read_span = then_compact  # type: ignore[method-assign]
     done = scrub_pass(storage, budget=8 << 10)

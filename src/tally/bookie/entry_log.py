@@ -377,17 +377,18 @@ class EntryLog:
         except FileNotFoundError:
             return None
 
-    def read_span(self, log_id: int, offset: int, size: int) -> bytes | None:
-        """`size` bytes of log `log_id` from `offset`, read past the page cache (what it
-        held of them is dropped): for the scrubber, which reads every record once. None if
-        part of them is still in the write buffer; EntryUnreadable if they cannot be read
-        (a short read returns fewer bytes)."""
+    def read_span(self, log_id: int, offset: int, into: memoryview) -> int | None:
+        """Read log `log_id` from `offset` into `into` past the page cache (what it held of
+        those bytes is dropped): for the scrubber, which reads every record once, into
+        buffers it reuses. The count read (fewer if the log is shorter); None if part of
+        them is still in the write buffer; EntryUnreadable if they cannot be read."""
+        size = len(into)
         with self._lock:
             if log_id == self._current and offset + size > self._written:
                 return None
         path = self.directory / log_file_name(log_id)
         try:
-            return self._handles.pread(log_id, size, offset, drop=True)
+            return self._handles.scan_into(log_id, into, offset)
         except EntryUnreadable as error:
             raise EntryUnreadable(f"entry log {path}: {error}") from error
         except OSError as error:

@@ -128,17 +128,6 @@ class JournalEntries:
             )
         return crc, data
 
-    def read_span(self, file_id: int, offset: int, size: int) -> bytes:
-        """`size` bytes of journal file `file_id` from `offset`, past the page cache (for the
-        scrubber); EntryUnreadable if they cannot be read (a short read returns fewer)."""
-        try:
-            return self._handles.pread(file_id, size, offset, drop=True)
-        except OSError as error:
-            raise EntryUnreadable(
-                f"journal file {self.directory / file_name(file_id)}: read of {size} bytes at "
-                f"offset {offset} failed: {error}"
-            ) from error
-
     def _where(self, location: JournalLocation, ledger_id: LedgerId, entry_id: int) -> str:
         return (
             f"entry {entry_id} of ledger {ledger_id} in journal file "

@@ -28,7 +28,7 @@ class _Handle:
 
 
 class ReadHandles:
-    """`pread` on files opened on first use by `open_file(file_id)`, which returns an fd or
+    """Reads of files opened on first use by `open_file(file_id)`, which returns an fd or
     raises; its errors, and those of the read, reach the caller as they are."""
 
     def __init__(self, open_file: Callable[[int], int], limit: int = MAX_OPEN_FILES) -> None:
@@ -38,20 +38,29 @@ class ReadHandles:
         self._handles: OrderedDict[int, _Handle] = OrderedDict()
         self._gone: set[int] = set()
 
-    def pread(self, file_id: int, size: int, offset: int, *, drop: bool = False) -> bytes:
-        """`drop`: let go of the cached pages of what was read (a scan that reads each byte
-        once)."""
+    def pread(self, file_id: int, size: int, offset: int) -> bytes:
         handle = self._acquire(file_id)
         try:
-            data = os.pread(handle.fd, size, offset)
-            if drop:
-                drop_range(handle.fd, offset, offset + size)
-            return data
+            return os.pread(handle.fd, size, offset)
         finally:
-            with self._lock:
-                handle.users -= 1
-                if handle.retired and handle.users == 0:
-                    os.close(handle.fd)
+            self._release(handle)
+
+    def scan_into(self, file_id: int, into: memoryview, offset: int) -> int:
+        """Read into `into` from `offset`, letting go of the cached pages of what was read
+        (a scan reads each byte once, into buffers it reuses); the count read."""
+        handle = self._acquire(file_id)
+        try:
+            read = os.preadv(handle.fd, [into], offset)
+            drop_range(handle.fd, offset, offset + read)
+            return read
+        finally:
+            self._release(handle)
+
+    def _release(self, handle: _Handle) -> None:
+        with self._lock:
+            handle.users -= 1
+            if handle.retired and handle.users == 0:
+                os.close(handle.fd)
 
     def _acquire(self, file_id: int) -> _Handle:
         with self._lock:

@@ -54,6 +54,7 @@ under way to end at its next read.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import itertools
 import logging
@@ -219,46 +220,73 @@ class _LogReads:
     stretch is read by another thread while the records of this one are checked, so that a
     pass at full speed takes the longer of the reads and the checks, not their sum (the read
     lets go of the GIL). The read ahead outlives the step that asked for it: a pass at full
-    speed is steps back to back."""
+    speed is steps back to back.
 
-    def __init__(self, entry_log: EntryLog, log_id: int, reader: ThreadPoolExecutor) -> None:
+    Reads go into two buffers in turn, kept for the pass: a new buffer of megabytes costs a
+    page fault per page, and the unparsed end of the last read is copied in front of the
+    next one's bytes (into its headroom) rather than both into a third buffer."""
+
+    def __init__(
+        self, entry_log: EntryLog, log_id: int, reader: ThreadPoolExecutor, buffers: _Buffers
+    ) -> None:
         self._log = entry_log
         self.log_id = log_id
         self._reader = reader
-        self._ahead: tuple[int, Future[bytes | None]] | None = None
-        self._last: tuple[int, bytes] = (0, b"")
+        self._buffers = buffers
+        self._ahead: tuple[int, Future[int | None], int] | None = None
+        """(where it reads from, the read, the buffer it reads into)."""
+        self._last: tuple[int, memoryview, int] = (0, memoryview(b""), 0)
+        """(where the last read's bytes begin, the bytes, the buffer they are in)."""
 
-    def read(self, position: int, want: int, ahead_to: int) -> tuple[bytes, int]:
+    def read(self, position: int, want: int, ahead_to: int) -> tuple[memoryview, int]:
         """The log's bytes from `position`, `want` of them or more, and the next up to
         `ahead_to` read meanwhile; and how many of them were not returned before (the rest
         is the end of the last read, not parsed yet). EntryUnreadable if they cannot be
-        read."""
-        last_at, last = self._last
+        read. The bytes are valid until the next call."""
+        last_at, last, into = self._last
         ahead, self._ahead = self._ahead, None
-        raw: bytes | None
-        if (
-            ahead is not None
-            and ahead[0] == last_at + len(last)
-            and (
-                last_at <= position <= ahead[0]  # not past a long record read on its own
+        raw: memoryview | None = None
+        if ahead is not None:
+            at, pending, into = ahead
+            if (
+                at == last_at + len(last)
+                and last_at <= position <= at  # not past a long record read on its own
+                and at - position <= HEADROOM
+            ):
+                read = pending.result() or 0
+                buffer = self._buffers[into]
+                begin = HEADROOM - (at - position)
+                buffer[begin:HEADROOM] = last[position - last_at :]
+                raw = buffer[begin : HEADROOM + read]
+            else:
+                with contextlib.suppress(EntryUnreadable):
+                    pending.result()  # the buffer is this thread's again
+        if raw is None:
+            into = 1 - into
+            span = self._log.read_span(
+                self.log_id, position, self._buffers[into][HEADROOM : HEADROOM + want]
             )
-        ):
-            fresh = ahead[1].result() or b""
-            raw = last[position - last_at :] + fresh
-            read = len(fresh)
-        else:
-            raw = self._log.read_span(self.log_id, position, want)
-            assert raw is not None, "read up to what is flushed"
-            read = len(raw)
-        self._last = (position, raw)
+            assert span is not None, "read up to what is flushed"
+            read = span
+            raw = self._buffers[into][HEADROOM : HEADROOM + read]
+        self._last = (position, raw, into)
         after = position + len(raw)
         if len(raw) >= want and after < ahead_to:
+            other = 1 - into
             size = min(ahead_to - after, READ_BYTES)
+            target = self._buffers[other][HEADROOM : HEADROOM + size]
             self._ahead = (
                 after,
-                self._reader.submit(self._log.read_span, self.log_id, after, size),
+                self._reader.submit(self._log.read_span, self.log_id, after, target),
+                other,
             )
         return raw, read
+
+
+_Buffers = tuple[memoryview, memoryview]
+HEADROOM = 1 << 20
+"""Bytes in front of each read buffer for the unparsed end of the last read (a record cut
+by the read's end; one longer than this is read anew)."""
 
 
 class _Stopped(Exception):
@@ -304,6 +332,7 @@ class Scrubber:
         self._stats = ScrubStats(last_complete=self._passes[-1].ended if self._passes else None)
         self._stats_lock = threading.Lock()
         self._read_ahead: ThreadPoolExecutor | None = None
+        self._buffers: _Buffers | None = None
         self._reads: _LogReads | None = None
         """The reads of the entry log the pass is in, kept from one step to the next."""
 
@@ -468,7 +497,7 @@ class Scrubber:
         stop = min(end, position + budget)
         reads = self._reads
         if reads is None or reads.log_id != log_id:
-            reads = self._reads = _LogReads(self._log, log_id, self._reader())
+            reads = self._reads = _LogReads(self._log, log_id, *self._reader())
         ahead_to = end if full_speed else stop  # a scheduled step reads nothing past its own
         while position < stop:
             if self._stopping.is_set():
@@ -500,22 +529,27 @@ class Scrubber:
             position += parsed
         return position, position >= end, False
 
-    def _reader(self) -> ThreadPoolExecutor:
+    def _reader(self) -> tuple[ThreadPoolExecutor, _Buffers]:
         """The thread that reads the next stretch of an entry log while a step checks the
-        last one (made at the first step: most storages never scrub at full speed)."""
+        last one, and the two buffers the reads take turns in (made at the first step)."""
         if self._read_ahead is None:
             self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="scrub-read")
-        return self._read_ahead
+            self._buffers = (
+                memoryview(bytearray(HEADROOM + READ_BYTES)),
+                memoryview(bytearray(HEADROOM + READ_BYTES)),
+            )
+        assert self._buffers is not None
+        return self._read_ahead, self._buffers
 
     def _padding(self, log_id: int, position: int, end: int) -> bool:
         """Whether the log's bytes from `position` are the zeros that pad its last block."""
         rest = end - position
         if not 0 < rest < ALIGNMENT or end % ALIGNMENT:
             return False
-        raw = self._log.read_span(log_id, position, rest)
-        return raw is not None and len(raw) == rest and not any(raw)
+        raw = bytearray(rest)
+        return self._log.read_span(log_id, position, memoryview(raw)) == rest and not any(raw)
 
-    def _long_record(self, log_id: int, position: int, raw: bytes, done: _Tally) -> int:
+    def _long_record(self, log_id: int, position: int, raw: memoryview, done: _Tally) -> int:
         """Check the record at `position` whose bytes go on past `raw`, its first bytes
         (whole header included), reading the rest a piece at a time; its size."""
         length, crc, scope, ledger, entry_id = RECORD_HEADER.unpack_from(raw)
@@ -524,22 +558,23 @@ class Scrubber:
         location = Location(log_id, position, size)
         if not self._index.points_at(ledger_id, entry_id, location):
             return size  # garbage: not read
-        actual = crc32c(memoryview(raw)[RECORD_HEADER_SIZE:])
+        actual = crc32c(raw[RECORD_HEADER_SIZE:])
         read = len(raw)
+        piece = memoryview(bytearray(min(size - read, READ_BYTES)))
         while read < size:
             if self._stopping.is_set():
                 raise _Stopped
-            piece = self._log.read_span(log_id, position + read, min(size - read, READ_BYTES))
-            if not piece:
+            count = self._log.read_span(log_id, position + read, piece[: size - read])
+            if not count:
                 break  # cut short: the CRC32C says so
-            done.bytes += len(piece)
-            actual = crc32c(piece, actual)
-            read += len(piece)
+            done.bytes += count
+            actual = crc32c(piece[:count], actual)
+            read += count
         self._checked(ledger_id, entry_id, location, read == size and actual == crc, done)
         return size
 
     def _records(
-        self, log_id: int, base: int, raw: bytes, end: int, done: _Tally
+        self, log_id: int, base: int, raw: memoryview, end: int, done: _Tally
     ) -> tuple[int, bool]:
         """Check the whole records of `raw`, read at `base` of a log whose readable bytes
         end at `end`; (bytes parsed, whether the parse met damage and stopped).
@@ -567,7 +602,7 @@ class Scrubber:
         self,
         log_id: int,
         base: int,
-        raw: bytes,
+        raw: memoryview,
         starts: list[int],
         parsed: int,
         damaged: bool,
@@ -583,11 +618,10 @@ class Scrubber:
             starts, heads, parsed, damaged = starts[:bad], heads[:bad], starts[bad], True
             entry_ids = heads["entry_id"]
         sizes = heads["length"].astype(np.int64) + RECORD_HEADER_SIZE
-        with memoryview(raw) as view:
-            actual = [
-                crc32c(view[at + RECORD_HEADER_SIZE : at + size])
-                for at, size in zip(starts, sizes.tolist(), strict=True)
-            ]
+        actual = [
+            crc32c(raw[at + RECORD_HEADER_SIZE : at + size])
+            for at, size in zip(starts, sizes.tolist(), strict=True)
+        ]
         intact = np.array(actual, dtype=np.uint32) == heads["crc"]
         offsets = np.array(starts, dtype=np.int64) + base
         if self._any_marked():
@@ -796,7 +830,7 @@ HEADER_DTYPE = np.dtype(
 assert HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
 
 
-def _walk(raw: bytes, at: int, base: int, end: int) -> tuple[list[int], int, bool]:
+def _walk(raw: memoryview, at: int, base: int, end: int) -> tuple[list[int], int, bool]:
     """Where the next whole records of `raw` from `at` start (WALK_RECORDS at most), by
     their lengths alone (`raw` was read at `base` of a log whose readable bytes end at
     `end`); where the walk got to, and whether it met a length that cannot be (damage)."""
@@ -815,7 +849,7 @@ def _walk(raw: bytes, at: int, base: int, end: int) -> tuple[list[int], int, boo
     return starts, at, False
 
 
-def _headers(raw: bytes, starts: list[int]) -> npt.NDArray[np.void]:
+def _headers(raw: memoryview, starts: list[int]) -> npt.NDArray[np.void]:
     """The headers of the records at `starts` of `raw`, as an array of HEADER_DTYPE."""
     columns = np.arange(RECORD_HEADER_SIZE, dtype=np.int64)
     rows = np.array(starts, dtype=np.int64)[:, None] + columns
