@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
+from tally.bookie.index import DeletedLedger
 from tally.bookie.ledger_storage import LedgerStorage
 from tally.core.deletion import ClusterSettings
 from tally.core.digest import crc32c
@@ -33,6 +34,7 @@ from tests.support.ledgers import open_ledger
 
 ME = "me:3181"
 OTHERS = ("b:3181", "c:3181")
+RETENTION = 3600.0
 _names = itertools.count()
 
 
@@ -42,6 +44,7 @@ class Setup:
     store: MetadataStore
     collector: GarbageCollector
     checkpoints: list[int] = field(default_factory=list)
+    clock: list[float] = field(default_factory=lambda: [1_000.0])
 
     @property
     def ledgers(self) -> LedgerManager:
@@ -56,6 +59,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     await init_cluster(store)
     await write_settings(store, ClusterSettings(ledger_delete_retention=0))
     checkpoints: list[int] = []
+    clock = [1_000.0]
 
     async def checkpoint() -> None:
         checkpoints.append(len(checkpoints))
@@ -67,11 +71,13 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
         ME,
         wait_time=600,
         overreplicated_wait_time=86400,
+        tombstone_retention=RETENTION,
         checkpoint=checkpoint,
         metrics=GcMetrics(CollectorRegistry()),
+        clock=lambda: clock[0],
     )
     try:
-        yield Setup(storage, store, collector, checkpoints)
+        yield Setup(storage, store, collector, checkpoints, clock)
     finally:
         storage.close()
         await store.close()
@@ -128,6 +134,26 @@ async def test_a_tombstone_drops_the_data_then_is_acknowledged(tmp_path: Path) -
             assert found.tombstone.pending == set(OTHERS)
         again = await s.collector.collect()
         assert (again.ledgers_deleted, again.tombstones_acknowledged) == ([], 0)
+
+
+async def test_a_ledger_dropped_under_its_tombstone_is_remembered_for_the_retention(
+    tmp_path: Path,
+) -> None:
+    """So that a metadata recovery from the bookies never brings it back (issue 18); a
+    ledger dropped for another reason (over-replication) leaves no such record."""
+    async with setup(tmp_path) as s:
+        doomed, extra = await closed_ledger(s, 1), await closed_ledger(s, 2)
+        await tombstone(s, doomed)
+        await s.collector.collect()
+        assert s.storage.deleted_ledgers() == {doomed.ledger_id: DeletedLedger(1_000, 1_000.0)}
+        s.storage.delete_ledger(extra.ledger_id)
+        assert s.storage.deleted_ledgers() == {doomed.ledger_id: DeletedLedger(1_000, 1_000.0)}
+        s.clock[0] += RETENTION - 1
+        await s.collector.collect()
+        assert doomed.ledger_id in s.storage.deleted_ledgers()
+        s.clock[0] += 2
+        await s.collector.collect()
+        assert s.storage.deleted_ledgers() == {}
 
 
 async def test_missing_metadata_deletes_nothing_and_reports_an_orphan(tmp_path: Path) -> None:

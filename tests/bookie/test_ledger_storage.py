@@ -653,6 +653,25 @@ def test_the_most_advanced_metadata_copy_is_kept_across_a_reopen_and_goes_with_a
     assert storage.metadata_copy(L1) is None
 
 
+def test_a_ledger_deleted_under_its_tombstone_is_remembered_until_forgotten(
+    storage: LedgerStorage,
+) -> None:
+    from tally.bookie.index import DeletedLedger  # this file also runs as a script
+
+    for ledger_id in (L1, L2):
+        add(storage, ledger_id, 0)
+    storage.checkpoint(b"m")
+    storage.delete_ledger(L1, DeletedLedger(5_000, 100.0))
+    storage.delete_ledger(L2)  # not under a tombstone (over-replication, an operator)
+    storage = reopen(storage)
+    assert storage.deleted_ledgers() == {L1: DeletedLedger(5_000, 100.0)}
+    assert storage.forget_deleted(100.0) == 0
+    assert storage.forget_deleted(100.5) == 1
+    storage = reopen(storage)
+    assert storage.deleted_ledgers() == {}
+    storage.close()
+
+
 def test_a_metadata_copy_is_written_again_after_a_failed_checkpoint(
     storage: LedgerStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -118,6 +118,26 @@ async def test_wiped_disks_under_the_same_id_are_refused(cluster: str, tmp_path:
     assert await registration_of(cluster, bookie.address) is None
 
 
+async def test_a_bookie_whose_store_was_lost_says_so_and_names_the_recovery(
+    tmp_path: Path,
+) -> None:
+    """Its directories hold a cookie, the store no cluster: the store was lost or wiped
+    (issue 18); a bookie with empty directories is only told to init the cluster."""
+    uri = init_cluster(tmp_path / "before")
+    bookie = BookieUnderTest(uri, tmp_path / "bookie")
+    with running(bookie):
+        pass
+    (tmp_path / "before" / "meta.db").unlink()
+    refused = bookie.refused_start()
+    assert refused.returncode == 2
+    for fragment in ("the store was lost", "tally cluster recover", "holds no tally cluster"):
+        assert fragment in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    fresh = BookieUnderTest(uri, tmp_path / "fresh").refused_start()
+    assert "tally cluster init" in fresh.stderr
+    assert "recover" not in fresh.stderr
+
+
 async def test_a_first_start_on_a_full_disk_leaves_no_half_format(
     cluster: str, tmp_path: Path
 ) -> None:

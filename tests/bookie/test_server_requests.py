@@ -36,6 +36,8 @@ from tally.core.protocol import (
     LedgerInfo,
     ReadRequest,
     ReadResponse,
+    StateKind,
+    StateRecord,
 )
 from tests.bookie.conftest import (
     KEY,
@@ -55,6 +57,7 @@ MAX_FRAME_SIZE = 16 * 1024
 DUMP_SCOPE = 0xD0_D0
 """The dump test's ledgers, told apart from the other tests' (scope 0) by their scope."""
 DUMP_LEDGERS = 3000
+STATE_SCOPE = 0x57_A7E
 
 
 @pytest.fixture(scope="module")
@@ -369,6 +372,46 @@ async def test_availability_dump_streams_every_ledger_over_many_frames(
     }
     async with connected(bookie.address) as connection:
         assert [r async for r in connection.availability_dump()] == records
+
+
+async def test_a_dump_with_state_gives_the_cookie_and_each_ledger_s_state(
+    bookie: BookieUnderTest,
+) -> None:
+    """What a metadata recovery reads of a running bookie (issue 18)."""
+    from tally.metadata.cookies import Cookie
+    from tests.support.ledgers import rotating_ledger
+
+    copied, plain = LedgerId(STATE_SCOPE, 1), LedgerId(STATE_SCOPE, 2)
+    copy = rotating_ledger(1, 1, 1, [], None).to_bytes()
+    await add_all(bookie.address, [entry(copied, e, lac=e - 1) for e in range(4)])
+    await add_all(bookie.address, [entry(plain, 0)])
+    async with connected(bookie.address) as connection:
+        await connection.metadata_copy_nowait(copied, KEY, copy)
+        await connection.read(plain, 0, fencing_key=KEY)
+        records = [record async for record in connection.state_dump()]
+    first, *rest = records
+    assert first.kind is StateKind.COOKIE
+    assert Cookie.from_bytes(first.cookie, "the dump").bookie_id == bookie.address
+    mine = {record.ledger_id: record for record in rest if record.ledger_id.scope == STATE_SCOPE}
+    assert mine == {
+        copied: StateRecord.held(
+            copied,
+            EntryAvailability.span(0, 3).to_bytes(),
+            fenced=False,
+            last_add_confirmed=2,
+            master_key=KEY,
+            metadata_copy=copy,
+        ),
+        plain: StateRecord.held(
+            plain,
+            EntryAvailability.span(0, 0).to_bytes(),
+            fenced=True,
+            last_add_confirmed=-1,
+            master_key=KEY,
+            metadata_copy=None,
+        ),
+    }
+    assert all(record.kind is StateKind.LEDGER for record in rest)
 
 
 async def test_a_ledger_too_large_for_a_dump_frame_ends_the_dump_with_an_error(

@@ -46,6 +46,7 @@ from tally.core.protocol import (
     RequestReader,
     Response,
     ResponseReader,
+    StateRecord,
     WriteLacRequest,
     WriteLacResponse,
     encode_availability_dump,
@@ -91,12 +92,25 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(ReadLacRequest, request_ids, ledger_ids),
     st.builds(WriteLacRequest, request_ids, ledger_ids, keys, lacs),
     st.builds(GetListOfEntriesOfLedgerRequest, request_ids, ledger_ids),
-    st.builds(AvailabilityDumpRequest, request_ids),
+    st.builds(AvailabilityDumpRequest, request_ids, st.booleans()),
     st.builds(LedgerInfoRequest, request_ids, ledger_ids),
     st.builds(MetadataCopyRequest, request_ids, ledger_ids, keys, blobs.filter(bool)),
 )
 
 records = st.builds(LedgerAvailability, ledger_ids, blobs)
+state_records = st.one_of(
+    st.builds(StateRecord.cookie_of, blobs),
+    st.builds(
+        StateRecord.held,
+        ledger_ids,
+        blobs,
+        fenced=st.booleans(),
+        last_add_confirmed=lacs,
+        master_key=st.one_of(st.none(), keys),
+        metadata_copy=st.one_of(st.none(), blobs),
+    ),
+    st.builds(StateRecord.deleted, ledger_ids, st.integers(0, INT64_MAX)),
+)
 
 
 @st.composite
@@ -129,6 +143,13 @@ responses: st.SearchStrategy[Response] = st.one_of(
         st.booleans(),
     ),
     st.builds(
+        AvailabilityDumpResponse,
+        request_ids,
+        st.lists(state_records, max_size=4).map(tuple),
+        st.booleans(),
+        st.just(True),
+    ),
+    st.builds(
         LedgerInfoResponse,
         request_ids,
         ledger_ids,
@@ -147,6 +168,7 @@ SAMPLE_REQUESTS: list[Request] = [
     WriteLacRequest(5, LEDGER, KEY, -1),
     GetListOfEntriesOfLedgerRequest(6, WIDE),
     AvailabilityDumpRequest(UINT64_MAX),
+    AvailabilityDumpRequest(3, with_state=True),
     LedgerInfoRequest(0, LEDGER),
     MetadataCopyRequest(8, WIDE, KEY, b"metadata"),
 ]
@@ -158,6 +180,23 @@ SAMPLE_RESPONSES: list[Response] = [
     GetListOfEntriesOfLedgerResponse(6, WIDE, EntryAvailability.span(0, 9).to_bytes()),
     AvailabilityDumpResponse(7, (LedgerAvailability(WIDE, b"abc"),), stream_end=False),
     AvailabilityDumpResponse(7, (), stream_end=True),
+    AvailabilityDumpResponse(
+        7,
+        (
+            StateRecord.cookie_of(b"cookie"),
+            StateRecord.held(
+                WIDE,
+                EntryAvailability.span(0, 9).to_bytes(),
+                fenced=True,
+                last_add_confirmed=9,
+                master_key=KEY,
+                metadata_copy=b"metadata",
+            ),
+            StateRecord.deleted(LEDGER, 1_700_000_000_000),
+        ),
+        stream_end=True,
+        with_state=True,
+    ),
     LedgerInfoResponse(0, LEDGER, LedgerInfo(True, 41, 42, 4200)),
     MetadataCopyResponse(8, WIDE),
     ErrorResponse(Operation.READ, 3, WIDE, 5, errors.Unauthorized.code, "wrong key"),
@@ -221,7 +260,12 @@ def test_operation_and_flag_numbers_are_stable() -> None:
         "LEDGER_INFO": 7,
         "METADATA_COPY": 8,
     }
-    assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END) == (1, 2, 4)
+    assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END, Flags.WITH_STATE) == (
+        1,
+        2,
+        4,
+        8,
+    )
 
 
 def test_add_request_layout_is_byte_exact() -> None:
@@ -311,6 +355,7 @@ def test_only_a_dump_batch_without_stream_end_leaves_the_request_open() -> None:
         True,
         True,
         False,
+        True,
         True,
         True,
         True,
@@ -1068,6 +1113,53 @@ def test_a_record_larger_than_the_budget_is_refused_naming_its_ledger() -> None:
 def test_the_dump_budget_must_fit_a_record_and_a_frame(budget: int) -> None:
     with pytest.raises(BadRequest, match="budget"):
         AvailabilityDumpEncoder(1, budget)
+
+
+@settings(max_examples=60)
+@given(st.lists(state_records, max_size=20), st.integers(RESPONSE_HEADER_SIZE + 66 + 400, 2000))
+def test_a_dump_with_state_streams_its_records_in_frames_flagged_so(
+    dump: list[StateRecord], budget: int
+) -> None:
+    frames = list(encode_availability_dump(4, iter(dump), budget, with_state=True))
+    batches = decode_dump(frames, budget)
+    assert all(batch.with_state for batch in batches)
+    assert [record for batch in batches for record in batch.records] == dump
+
+
+def test_a_dump_takes_the_records_of_its_kind_only() -> None:
+    plain = AvailabilityDumpEncoder(1)
+    with pytest.raises(BadRequest, match="StateRecord does not belong"):
+        plain.add(StateRecord.cookie_of(b"c"))
+    with_state = AvailabilityDumpEncoder(1, with_state=True)
+    with pytest.raises(BadRequest, match="LedgerAvailability does not belong"):
+        with_state.add(LedgerAvailability(LEDGER, b""))
+    with pytest.raises(BadRequest, match="master key"):
+        with_state.add(
+            StateRecord.held(
+                LEDGER, b"", fenced=False, last_add_confirmed=-1, master_key=b"short",
+                metadata_copy=None,
+            )
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (bytes(10), "is cut"),
+        (bytes([3]) + bytes(65), "kind 3"),
+        (bytes([1]) + bytes(16) + bytes([0x10]) + bytes(48), "flags 0x10"),
+        (bytes([1]) + bytes(57) + (5).to_bytes(4, "big") + bytes(4), "declares 5 bytes"),
+    ],
+)
+def test_a_malformed_state_record_is_refused(body: bytes, problem: str) -> None:
+    frame = response_frame(
+        Operation.AVAILABILITY_DUMP,
+        body,
+        flags=Flags.WITH_STATE | Flags.STREAM_END,
+        ledger_id=LedgerId(0, 0),
+    )
+    with pytest.raises(MalformedData, match=problem):
+        ResponseReader().feed(frame)
 
 
 def test_the_dump_request_id_is_checked_up_front() -> None:

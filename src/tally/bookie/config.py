@@ -126,6 +126,10 @@ class BookieConfig:
     gc_overreplicated_ledger_wait_time: float = 86400.0
     """Seconds between two looks for over-replicated ledgers and orphans
     (gcOverreplicatedLedgerWaitTime): every ledger held here is looked up in the store."""
+    tombstone_retention: float = 2592000.0
+    """Seconds a bookie remembers a ledger it deleted because its tombstone said so (30
+    days): while it does, a metadata recovery from the bookies never brings the ledger
+    back, even from a copy on a bookie that was away when it was deleted."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     receive_buffer_limit_bytes: int = 64 * 1024**2
     """Bytes that frames begun and not yet complete may hold, over all connections (at
@@ -151,6 +155,7 @@ class BookieConfig:
             "journal_retry_interval",
             "gc_wait_time",
             "gc_overreplicated_ledger_wait_time",
+            "tombstone_retention",
             "receive_stall_timeout",
         ):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")

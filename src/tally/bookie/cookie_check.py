@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tally.bookie.ledger_placement import PlacementRecord, recorded_failures
-from tally.core.errors import BadRequest, CookieMismatch, NoSuchKey
+from tally.core.errors import (
+    BadRequest,
+    ClusterNotInitialised,
+    CookieMismatch,
+    MalformedData,
+    NoSuchKey,
+    TallyError,
+)
 from tally.metadata.cookies import Cookie, CookieManager
 
 log = logging.getLogger(__name__)
@@ -277,6 +284,24 @@ def _check(stored: Cookie, other: Cookie, source: str) -> None:
             "decommission the bookie (its ledgers re-replicate), delete its cookie with "
             "`tally shell cookie delete`, then start it as a new bookie."
         ) from None
+
+
+def store_lost(journal_dir: Path, uri: str, problem: ClusterNotInitialised) -> TallyError:
+    """What a bookie says when its store holds no cluster: that the store was lost, if its
+    own directories hold a cookie (data of a cluster), naming the recovery; else `problem`."""
+    try:
+        cookie = _read(journal_dir)
+    except (OSError, MalformedData):
+        cookie = None
+    if cookie is None:
+        return problem
+    return ClusterNotInitialised(
+        f"the metadata store {uri} holds no tally cluster, but this bookie's directories hold "
+        f"data of cluster {cookie.instance_id} (cookie in {journal_dir}): the store was lost "
+        f"or wiped. Rebuild its metadata from the bookies with `tally cluster recover "
+        f"--metadata {uri} --bookies ID,...` (README: the metadata store was lost), then "
+        "start this bookie again"
+    )
 
 
 def _read(directory: Path) -> Cookie | None:

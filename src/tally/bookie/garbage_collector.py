@@ -34,6 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tally.bookie.index import DeletedLedger
 from tally.bookie.ledger_directories import BookieStorage
 from tally.core.availability import EntryAvailability
 from tally.core.errors import MalformedData, NoSuchLedger, TallyError
@@ -147,6 +148,7 @@ class GarbageCollector:
         *,
         wait_time: float,
         overreplicated_wait_time: float,
+        tombstone_retention: float,
         checkpoint: Callable[[], Awaitable[None]],
         metrics: GcMetrics,
         clock: Callable[[], float] = time.time,
@@ -158,6 +160,7 @@ class GarbageCollector:
         self._bookie_id = bookie_id
         self._wait_time = wait_time
         self._overreplicated_wait_time = overreplicated_wait_time
+        self._tombstone_retention = tombstone_retention
         self._checkpoint = checkpoint
         self._metrics = metrics
         self._clock = clock
@@ -263,7 +266,8 @@ class GarbageCollector:
                 run.tombstones_read += 1
                 action = on_tombstone(found.tombstone, self._bookie_id, found.ledger_id in local)
                 drop = action is TombstoneAction.DROP_THEN_ACKNOWLEDGE
-                if drop and await self._drop(found.ledger_id):
+                obeyed = DeletedLedger(found.tombstone.deletion.time_ms, self._clock())
+                if drop and await self._drop(found.ledger_id, obeyed):
                     dropped.append(found.ledger_id)
                     log.info(
                         "bookie %s: ledger %s deleted: its tombstone says so (%s, deleted at "
@@ -285,10 +289,19 @@ class GarbageCollector:
             if await acknowledge_tombstone(self._store, ledger_id, self._bookie_id, now_ms):
                 run.tombstones_acknowledged += 1
                 self._metrics.tombstones_acknowledged.inc()
+        forgotten = await asyncio.to_thread(
+            self._storage.forget_deleted, self._clock() - self._tombstone_retention
+        )
+        if forgotten:
+            log.info(
+                "bookie %s: %d deleted ledgers forgotten: their tombstone retention is over",
+                self._bookie_id,
+                forgotten,
+            )
 
-    async def _drop(self, ledger_id: LedgerId) -> bool:
+    async def _drop(self, ledger_id: LedgerId, tombstone: DeletedLedger | None = None) -> bool:
         try:
-            await asyncio.to_thread(self._storage.delete_ledger, ledger_id)
+            await asyncio.to_thread(self._storage.delete_ledger, ledger_id, tombstone)
         except NoSuchLedger:
             return False
         return True

@@ -19,6 +19,11 @@ Column families, all in raw mode, keys big-endian so that byte order is numeric 
     copies    (scope u64, ledger u64)                ->  the copy of the ledger's metadata
                                                          the bookie was given (LedgerMetadata
                                                          bytes; core/metadata_copies.py)
+    deleted   (scope u64, ledger u64)                ->  a tombstone this bookie obeyed: when
+                                                         the ledger was deleted (u64 ms) and
+                                                         when the bookie did so (f64 seconds),
+                                                         kept for `tombstone_retention`, so a
+                                                         metadata recovery never revives it
     meta      b"journal_mark"                        ->  the journal mark of the last checkpoint
               b"kept_journal_files"                  ->  ids (u64 each) of the journal files
                                                          that hold indexed entries
@@ -106,7 +111,9 @@ _META = "meta"
 _USAGE_FAMILY = "usage"
 _CORRUPT = "corrupt"
 _COPIES = "copies"
-_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY, _CORRUPT, _COPIES)
+_DELETED = "deleted"
+_FAMILIES = (_LEDGERS, _META, _USAGE_FAMILY, _CORRUPT, _COPIES, _DELETED)
+_DELETED_RECORD = struct.Struct(">Qd")
 _JOURNAL_MARK = b"journal_mark"
 _KEPT_JOURNAL_FILES = b"kept_journal_files"
 _LIMBO_LEDGERS = b"limbo_ledgers"
@@ -116,6 +123,17 @@ _SCRUB_PASSES = b"scrub_passes"
 _SCRUB_PROGRESS = b"scrub_progress"
 _PAST_EVERY_KEY = b"\xff" * (_ENTRY_KEY.size + 1)
 _SCAN_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedLedger:
+    """A ledger this bookie deleted because its tombstone said so."""
+
+    deleted_ms: int
+    """When the ledger was deleted (the tombstone's time), ms since the epoch."""
+    obeyed: float
+    """When this bookie deleted it, seconds since the epoch: its record is kept from then
+    for `tombstone_retention`."""
 
 
 @dataclass(slots=True)
@@ -368,6 +386,19 @@ class IndexBatch:
     def put_metadata_copy(self, ledger_id: LedgerId, copy: bytes) -> None:
         self._batch.put(_ledger_key(ledger_id), copy, self._copies)
 
+    def put_deleted(self, ledger_id: LedgerId, deleted: DeletedLedger) -> None:
+        record = _DELETED_RECORD.pack(deleted.deleted_ms, deleted.obeyed)
+        self._batch.put(_ledger_key(ledger_id), record, self._deleted)
+
+    def forget_deleted(self, ledger_id: LedgerId) -> None:
+        self._batch.delete(_ledger_key(ledger_id), self._deleted)
+
+    @property
+    def _deleted(self) -> rocksdict.ColumnFamily:
+        handle = self._index._deleted_handle
+        assert handle is not None, "a writable index has every family"
+        return handle
+
     @property
     def _copies(self) -> rocksdict.ColumnFamily:
         handle = self._index._copies_handle
@@ -489,6 +520,10 @@ class Index:
             self._copies_handle = (
                 self._db.get_column_family_handle(_COPIES) if _COPIES in names else None
             )
+            self._deleted_db = self._db.get_column_family(_DELETED) if _DELETED in names else None
+            self._deleted_handle = (
+                self._db.get_column_family_handle(_DELETED) if _DELETED in names else None
+            )
         except TallyError:
             raise
         except Exception as error:
@@ -608,6 +643,20 @@ class Index:
             raise EntryUnreadable(
                 f"index: cannot read the metadata copy of ledger {ledger_id}: {error}"
             ) from error
+
+    def deleted_ledgers(self) -> dict[LedgerId, DeletedLedger]:
+        """The tombstones this bookie obeyed and still remembers, by ledger id."""
+        if self._deleted_db is None:
+            return {}
+        found = {}
+        try:
+            for key, value in cast(Iterator[tuple[bytes, bytes]], self._deleted_db.items()):
+                scope, ledger = _LEDGER_KEY.unpack(key)
+                deleted_ms, obeyed = _DELETED_RECORD.unpack(value)
+                found[LedgerId(scope, ledger)] = DeletedLedger(deleted_ms, obeyed)
+        except Exception as error:
+            raise EntryUnreadable(f"index: cannot read the deleted ledgers: {error}") from error
+        return found
 
     def kept_journal_files(self) -> set[int]:
         """The journal files that hold entries the index points to (see journal_entries)."""
@@ -816,11 +865,11 @@ class Index:
             return
         self._closed = True
         del self._ledgers_handle, self._meta_handle, self._usage_handle, self._corrupt_handle
-        del self._copies_handle
+        del self._copies_handle, self._deleted_handle
         try:
             self._ledgers_db.close()
             self._meta_db.close()
-            for family in (self._usage_db, self._corrupt_db, self._copies_db):
+            for family in (self._usage_db, self._corrupt_db, self._copies_db, self._deleted_db):
                 if family is not None:
                     family.close()
             self._db.close()

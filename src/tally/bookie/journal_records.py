@@ -11,13 +11,16 @@ every application is idempotent, so replaying twice is harmless.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
+from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import ENTRY_HEAD, RecordType, kept_location
-from tally.bookie.journal_format import JournalMark
+from tally.bookie.journal_format import Damage, JournalMark
 from tally.bookie.ledger_directories import BookieStorage
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import LedgerId
+from tally.core.limbo import ledgers_to_limbo
 
 _LEDGER = struct.Struct(">BQQ")  # type, scope, ledger
 _MASTER_KEY = struct.Struct(f">BQQ{MASTER_KEY_SIZE}s")
@@ -111,3 +114,34 @@ def apply(record: bytes, storage: BookieStorage, kept_at: JournalMark | None = N
             f"journal record of type {kind} ({len(record)} bytes) does not apply: {error}"
         ) from None
     return ledger_id
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What a replay applied, and what it found damaged."""
+
+    records: int
+    damage: list[Damage]
+    limbo: set[LedgerId]
+    """The ledgers that may have lost records to the damage: now in limbo (limbo.py)."""
+
+
+def replay_into(journal: Journal, storage: BookieStorage, *, keeps_entries: bool) -> Replayed:
+    """Re-apply the journal after the storage's last checkpoint (before `journal.start`);
+    the ledgers that damage in it may have cost records go into limbo."""
+    mark_bytes = storage.last_checkpoint_mark()
+    start = JournalMark.from_bytes(mark_bytes) if mark_bytes else None
+    count = 0
+    ledgers_by_file: dict[int, set[LedgerId]] = {}
+    for mark, record in journal.replay(start):
+        ledger_id = apply(record, storage, mark if keeps_entries else None)
+        ledgers_by_file.setdefault(mark.file_id, set()).add(ledger_id)
+        count += 1
+    damage = list(journal.damage)
+    limbo: set[LedgerId] = set()
+    if damage:
+        limbo = set(
+            ledgers_to_limbo({d.file_id for d in damage}, ledgers_by_file, storage.known_ledgers)
+        )
+        storage.enter_limbo(limbo)
+    return Replayed(count, damage, limbo)

@@ -52,6 +52,7 @@ from typing import NamedTuple, TypeVar
 
 from tally.bookie.compactor import GcReport, GcSettings
 from tally.bookie.entry_log import DEFAULT_LOG_SIZE_LIMIT
+from tally.bookie.index import DeletedLedger
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_dir_health import described, errno_of, probe_directory
@@ -516,13 +517,13 @@ class LedgerDirectories:
             if not self._in_service():
                 raise WriteFailed("every ledger directory of this bookie failed")
 
-    def delete_ledger(self, ledger_id: LedgerId) -> None:
+    def delete_ledger(self, ledger_id: LedgerId, tombstone: DeletedLedger | None = None) -> None:
         """As LedgerStorage's; the placement is forgotten first (see the module docstring)."""
         with self._maintenance:
             directory, storage = self._reading(ledger_id)
             self._record.forget([ledger_id])
             try:
-                storage.delete_ledger(ledger_id)
+                storage.delete_ledger(ledger_id, tombstone)
             except NoSuchLedger:
                 pass
             except (WriteFailed, EntryUnreadable, OSError) as error:
@@ -533,6 +534,17 @@ class LedgerDirectories:
                     del self._placement[ledger_id]
                     directory.ledgers -= 1
                 self._unsaved.pop(ledger_id, None)
+
+    def deleted_ledgers(self) -> dict[LedgerId, DeletedLedger]:
+        """As LedgerStorage's, over every open storage."""
+        found: dict[LedgerId, DeletedLedger] = {}
+        for storage in self._open():
+            found.update(storage.deleted_ledgers())
+        return found
+
+    def forget_deleted(self, obeyed_before: float) -> int:
+        """As LedgerStorage's, in every writable storage."""
+        return sum(d.storage.forget_deleted(obeyed_before) for d in self._in_service() if d.storage)
 
     def forget_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> int:
         with self._maintenance:

@@ -88,6 +88,7 @@ from tally.bookie.entry_log import (
 )
 from tally.bookie.index import (
     CorruptMark,
+    DeletedLedger,
     FoundBy,
     Index,
     IndexBatch,
@@ -953,8 +954,10 @@ class LedgerStorage:
             return count + 1, total + size, None
         return count, total + size - _entry_size(previous), previous
 
-    def delete_ledger(self, ledger_id: LedgerId) -> None:
+    def delete_ledger(self, ledger_id: LedgerId, tombstone: DeletedLedger | None = None) -> None:
         """Forget the ledger: entries (index and caches) and state. Call from a worker thread.
+        `tombstone`: it is deleted because its tombstone says so, which the index remembers
+        (`deleted_ledgers`), so that a metadata recovery never brings it back.
 
         Its bytes stay in the entry logs (and kept journal files) until `collect_garbage`
         deletes or compacts them. Durable on return. A journal replay from an older mark may
@@ -967,6 +970,8 @@ class LedgerStorage:
                     raise NoSuchLedger(f"ledger {ledger_id} is unknown to this bookie")
                 batch = self._index.batch()
                 batch.delete_ledger(ledger_id)
+                if tombstone is not None:
+                    batch.put_deleted(ledger_id, tombstone)
                 if ledger_id in self._limbo:
                     self._limbo.discard(ledger_id)
                     batch.put_limbo_ledgers(self._limbo)
@@ -978,6 +983,25 @@ class LedgerStorage:
                 self._dirty.discard(ledger_id)
                 self._copies.pop(ledger_id, None)
             self._index.sync()
+
+    def deleted_ledgers(self) -> dict[LedgerId, DeletedLedger]:
+        """The ledgers deleted here under a tombstone, still remembered."""
+        return self._index.deleted_ledgers()
+
+    def forget_deleted(self, obeyed_before: float) -> int:
+        """Let go of the deleted ledgers obeyed before `obeyed_before` (seconds since the
+        epoch: the tombstone retention is over); how many. Call from a worker thread."""
+        old = [
+            ledger_id
+            for ledger_id, deleted in self._index.deleted_ledgers().items()
+            if deleted.obeyed < obeyed_before
+        ]
+        if old:
+            batch = self._index.batch()
+            for ledger_id in old:
+                batch.forget_deleted(ledger_id)
+            self._index.write(batch)
+        return len(old)
 
     def forget_entries(self, ledger_id: LedgerId, entry_ids: Iterable[int]) -> int:
         """Operator and test tool: make the bookie lose these entries (index and caches).

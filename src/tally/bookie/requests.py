@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import ClassVar
 
@@ -24,6 +24,7 @@ from tally.bookie.journal_entries import kept_location
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_directories import BookieStorage
 from tally.bookie.metrics import BookieMetrics
+from tally.bookie.state_dump import state_records
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
 from tally.core.disk_usage import DiskState
@@ -58,7 +59,9 @@ class BookieRequestProcessor:
         *,
         keeps_entries: bool,
         max_frame_size: int,
+        cookie: bytes = b"",
     ) -> None:
+        """`cookie`: the bookie's, as a dump WITH_STATE gives it."""
         self.bookie_id = bookie_id
         self.journal = journal
         self.storage = storage
@@ -67,6 +70,7 @@ class BookieRequestProcessor:
         self._keeps_entries = keeps_entries
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._max_frame_size = max_frame_size
+        self._cookie = cookie
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
 
     def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
@@ -319,10 +323,20 @@ class BookieRequestProcessor:
 
         A failure midway (a ledger too large for a frame, a storage error) ends the stream
         with an error response, so the reader is not left waiting for the rest."""
-        encoder = protocol.AvailabilityDumpEncoder(request.request_id, budget=self._max_frame_size)
+        encoder = protocol.AvailabilityDumpEncoder(
+            request.request_id, budget=self._max_frame_size, with_state=request.with_state
+        )
+        records: Iterator[protocol.StateRecord | protocol.LedgerAvailability] = (
+            state_records(self.storage, self._cookie)
+            if request.with_state
+            else (
+                protocol.LedgerAvailability(ledger_id, held.to_bytes())
+                for ledger_id, held in self.storage.iter_availability()
+            )
+        )
         try:
-            for count, (ledger_id, held) in enumerate(self.storage.iter_availability(), start=1):
-                frame = encoder.add(protocol.LedgerAvailability(ledger_id, held.to_bytes()))
+            for count, record in enumerate(records, start=1):
+                frame = encoder.add(record)
                 if frame is not None:
                     connection.send(frame)
                     await connection.writable()

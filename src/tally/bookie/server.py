@@ -31,11 +31,10 @@ from prometheus_client import CollectorRegistry
 from tally.bookie import journal_records
 from tally.bookie.config import BookieConfig
 from tally.bookie.connection import BookieConnectionHandler, close_stalled
-from tally.bookie.cookie_check import verify_or_format
+from tally.bookie.cookie_check import store_lost, verify_or_format
 from tally.bookie.garbage_collector import GarbageCollector, GcMetrics
 from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE
-from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_dir_health import errno_of
 from tally.bookie.ledger_directories import LedgerDirectories
 from tally.bookie.ledger_placement import recorded_failures
@@ -48,12 +47,12 @@ from tally.core.addresses import join_host_port, split_host_port
 from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
 from tally.core.errors import (
     BadRequest,
+    ClusterNotInitialised,
     TallyError,
     WriteFailed,
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_dirs import DiskError, classify_error
-from tally.core.limbo import ledgers_to_limbo
 from tally.core.receive_arenas import ReceiveArenas
 from tally.core.receive_limits import ReceiveBudget
 from tally.metadata.bad_copies import BadCopyReports
@@ -165,7 +164,10 @@ class Bookie:
             raise BadRequest("a bookie needs --metadata URI (or TALLY_BOOKIE_METADATA)")
         self._store = open_store(config.metadata, session_timeout=config.session_timeout)
         await self._store.start()
-        cluster = await require_cluster(self._store, uri=config.metadata)
+        try:
+            cluster = await require_cluster(self._store, uri=config.metadata)
+        except ClusterNotInitialised as problem:
+            raise store_lost(config.journal_directory, config.metadata, problem) from None
 
         host, port = split_host_port(config.listen, port_zero=True)
         loop = self._loop = asyncio.get_running_loop()
@@ -232,6 +234,7 @@ class Bookie:
             DiskState(policy),
             keeps_entries=keep,
             max_frame_size=config.max_frame_size,
+            cookie=cookie.to_bytes(),
         )
         started = time.perf_counter()
         replayed = await asyncio.to_thread(self._replay)
@@ -276,6 +279,7 @@ class Bookie:
             self.bookie_id,
             wait_time=config.gc_wait_time,
             overreplicated_wait_time=config.gc_overreplicated_ledger_wait_time,
+            tombstone_retention=config.tombstone_retention,
             checkpoint=lambda: asyncio.to_thread(self._checkpoint_now),
             metrics=GcMetrics(self.metrics.registry),
         )
@@ -330,33 +334,21 @@ class Bookie:
         Damage in the journal puts the ledgers that may have lost records in limbo
         (limbo.py) before the bookie serves anything.
         """
-        mark_bytes = self.storage.last_checkpoint_mark()
-        start = JournalMark.from_bytes(mark_bytes) if mark_bytes else None
-        count = 0
-        ledgers_by_file: dict[int, set[LedgerId]] = {}
-        for mark, record in self.journal.replay(start):
-            ledger_id = journal_records.apply(
-                record, self.storage, mark if self._keeps_entries else None
-            )
-            ledgers_by_file.setdefault(mark.file_id, set()).add(ledger_id)
-            count += 1
-        damage = self.journal.damage
-        if damage:
-            limbo = ledgers_to_limbo(
-                {d.file_id for d in damage}, ledgers_by_file, self.storage.known_ledgers
-            )
-            self.storage.enter_limbo(limbo)
+        replayed = journal_records.replay_into(
+            self.journal, self.storage, keeps_entries=self._keeps_entries
+        )
+        if replayed.damage:
             log.error(
                 "bookie %s: its journal is damaged (%s): %d ledger(s) that may have lost "
                 "acknowledged entries are in limbo, fenced and answering 'unknown' for what "
                 "they lack until repaired: %s",
                 self.bookie_id,
-                "; ".join(f"file {d.file_id:016x} [{d.start}, {d.end})" for d in damage),
-                len(limbo),
-                describe(limbo),
+                "; ".join(f"file {d.file_id:016x} [{d.start}, {d.end})" for d in replayed.damage),
+                len(replayed.limbo),
+                describe(replayed.limbo),
             )
         self.metrics.ledgers_in_limbo.set(len(self.storage.limbo_ledgers()))
-        return count
+        return replayed.records
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -20,6 +20,7 @@ armed at the oldest deadline finds all the late ones at its front.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
@@ -51,8 +52,10 @@ from tally.core.protocol import (
     Request,
     Response,
     ResponseReader,
+    StateRecord,
     WriteLacRequest,
 )
+from tally.core.protocol.dump import DumpRecord
 
 log = logging.getLogger(__name__)
 
@@ -243,10 +246,26 @@ class BookieConnection(asyncio.BufferedProtocol):
         consumer waits for it. To leave early, `aclose()` the generator (contextlib.aclosing):
         the rest of the stream is then dropped.
         """
+        async with contextlib.aclosing(self._dump(with_state=False)) as records:
+            async for record in records:
+                assert isinstance(record, LedgerAvailability)
+                yield record
+
+    async def state_dump(self) -> AsyncGenerator[StateRecord, None]:
+        """The bookie's cookie, every ledger it holds with its state, and the ledgers it
+        deleted under their tombstones (a metadata recovery's input); as availability_dump."""
+        async with contextlib.aclosing(self._dump(with_state=True)) as records:
+            async for record in records:
+                assert isinstance(record, StateRecord)
+                yield record
+
+    async def _dump(self, *, with_state: bool) -> AsyncGenerator[DumpRecord, None]:
         if self._writing_paused:
             await self._drain()
         stream = _Stream()
-        request = self._submit(AvailabilityDumpRequest, stream)
+        request = self._submit(
+            lambda request_id: AvailabilityDumpRequest(request_id, with_state), stream
+        )
         try:
             while True:
                 while not stream.items:

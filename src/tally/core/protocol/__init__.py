@@ -14,9 +14,9 @@ header and the operation's body, all big-endian:
 
 The operation byte's top bit marks a response, and each direction has its own reader, so a
 frame sent the wrong way is refused rather than misparsed. A response echoes its request's
-operation, request id, ledger and entry; its flags are its own (only STREAM_END exists).
-Fields an operation does not use are zero, and a reader refuses anything an encoder would
-not write: a frame that decodes re-encodes to exactly its own bytes.
+operation, request id, ledger and entry; its flags are its own (STREAM_END, and WITH_STATE
+on a dump). Fields an operation does not use are zero, and a reader refuses anything an
+encoder would not write: a frame that decodes re-encodes to exactly its own bytes.
 
     operation                       request body                    OK response body
     ADD                             master key, crc32c u32, entry   -
@@ -24,14 +24,16 @@ not write: a frame that decodes re-encodes to exactly its own bytes.
     READ_LAC                        -                               LAC i64
     WRITE_LAC                       master key, LAC i64             -
     GET_LIST_OF_ENTRIES_OF_LEDGER   -                               availability encoding
-    AVAILABILITY_DUMP (no ledger)   -                               records, over many frames
+    AVAILABILITY_DUMP (no ledger;   -                               records, over many frames
+      WITH_STATE: and state)
     LEDGER_INFO                     -                               fenced u8, LAC i64,
                                                                     entry count u64, bytes u64
     METADATA_COPY                   master key, ledger metadata     -
 
 An error response's body is the error's message in UTF-8. A dump answers with one or more
 frames of records (scope u64, ledger u64, length u32, availability encoding); the last one
-has STREAM_END.
+has STREAM_END. A dump asked WITH_STATE answers with frames flagged WITH_STATE, whose
+records also carry each ledger's state, the cookie and the deleted ledgers (dump.py).
 
 A reader raises MalformedData for any frame it cannot take (too large, cut below a header,
 unknown version or operation, flags or ids the operation does not allow, a body of the
@@ -56,6 +58,8 @@ from tally.core.protocol.decoding import KEEP_IN_PLACE
 from tally.core.protocol.dump import (
     AvailabilityDumpEncoder,
     LedgerAvailability,
+    StateKind,
+    StateRecord,
     encode_availability_dump,
 )
 from tally.core.protocol.readers import FrameReader, RequestReader, ResponseReader
@@ -126,6 +130,8 @@ __all__ = [
     "RequestReader",
     "Response",
     "ResponseReader",
+    "StateKind",
+    "StateRecord",
     "WriteLacRequest",
     "WriteLacResponse",
     "encode_availability_dump",

@@ -9,7 +9,7 @@ from typing import Final
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import MalformedData
 from tally.core.ids import LedgerId
-from tally.core.protocol.dump import decode_records
+from tally.core.protocol.dump import decode_records, decode_state_records
 from tally.core.protocol.requests import (
     AddRequest,
     AvailabilityDumpRequest,
@@ -41,6 +41,7 @@ from tally.core.protocol.wire import (
     LEDGER_INFO,
     RECOVERY_ADD,
     STREAM_END,
+    WITH_STATE,
     Operation,
 )
 
@@ -112,6 +113,13 @@ def _decode_metadata_copy(
     )
 
 
+def _decode_dump_request(
+    request_id: int, scope: int, ledger: int, entry_id: int, flags: int, body: memoryview
+) -> Request:
+    _expect_size(body, 0, "this request carries nothing")
+    return AvailabilityDumpRequest(request_id, bool(flags & WITH_STATE))
+
+
 def _empty_request(
     make: Callable[[int, LedgerId], Request],
 ) -> Callable[[int, int, int, int, int, memoryview], Request]:
@@ -130,9 +138,7 @@ REQUEST_DECODERS: Final[dict[int, Callable[[int, int, int, int, int, memoryview]
     Operation.READ_LAC: _empty_request(ReadLacRequest),
     Operation.WRITE_LAC: _decode_write_lac,
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGER: _empty_request(GetListOfEntriesOfLedgerRequest),
-    Operation.AVAILABILITY_DUMP: _empty_request(
-        lambda request_id, _: AvailabilityDumpRequest(request_id)
-    ),
+    Operation.AVAILABILITY_DUMP: _decode_dump_request,
     Operation.LEDGER_INFO: _empty_request(LedgerInfoRequest),
     Operation.METADATA_COPY: _decode_metadata_copy,
 }
@@ -150,7 +156,10 @@ def _decode_read_lac_response(
 def _decode_dump_response(
     request_id: int, ledger_id: LedgerId, entry_id: int, flags: int, body: memoryview
 ) -> Response:
-    return AvailabilityDumpResponse(request_id, decode_records(body), bool(flags & STREAM_END))
+    end = bool(flags & STREAM_END)
+    if flags & WITH_STATE:
+        return AvailabilityDumpResponse(request_id, decode_state_records(body), end, True)
+    return AvailabilityDumpResponse(request_id, decode_records(body), end)
 
 
 def _decode_ledger_info_response(

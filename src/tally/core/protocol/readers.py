@@ -21,6 +21,7 @@ from tally.core.protocol.wire import (
     RESPONSE_HEADER_SIZE,
     RULES,
     STREAM_END,
+    WITH_STATE,
     Operation,
     check_header,
     frame_operation,
@@ -242,7 +243,7 @@ class ResponseReader(FrameReader[Response]):
         operation = frame_operation(version, op_byte, response=True)
         try:
             # A response's only flag ends a dump's stream; an error ends any request anyway.
-            allowed = STREAM_END if operation == _AVAILABILITY_DUMP else 0
+            allowed = STREAM_END | WITH_STATE if operation == _AVAILABILITY_DUMP else 0
             check_header(operation, flags, allowed if not status else 0, scope, ledger, entry_id)
             ledger_id = LedgerId(scope, ledger)
             body = view[start + RESPONSE_HEADER_SIZE : stop]

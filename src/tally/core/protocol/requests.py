@@ -21,6 +21,7 @@ from tally.core.protocol.wire import (
     RECOVERY_ADD,
     U32,
     VERSION,
+    WITH_STATE,
     EntryBytes,
     Operation,
     check_header_fields,
@@ -174,15 +175,19 @@ class GetListOfEntriesOfLedgerRequest(_LedgerQuery):
 
 @dataclass(frozen=True, slots=True)
 class AvailabilityDumpRequest:
-    """Ask for every ledger the bookie holds with its availability (the audit's input)."""
+    """Ask for every ledger the bookie holds with its availability (the audit's input);
+    `with_state`: with each ledger's state, the cookie and the deleted ledgers too (a
+    metadata recovery's input, dump.py)."""
 
     operation: ClassVar[Operation] = Operation.AVAILABILITY_DUMP
     request_id: int
+    with_state: bool = False
     ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
     entry_id: int = field(default=0, init=False)
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
-        return request_frame(self, NO_FLAGS, b"", max_frame_size)
+        flags = WITH_STATE if self.with_state else NO_FLAGS
+        return request_frame(self, flags, b"", max_frame_size)
 
 
 @dataclass(frozen=True, slots=True)

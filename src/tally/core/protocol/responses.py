@@ -9,7 +9,7 @@ from typing import ClassVar, TypeAlias
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, TallyError, from_code
 from tally.core.ids import LedgerId
-from tally.core.protocol.dump import LedgerAvailability, record_parts
+from tally.core.protocol.dump import LedgerAvailability, StateRecord, dump_record_parts
 from tally.core.protocol.requests import Request
 from tally.core.protocol.wire import (
     I32,
@@ -123,8 +123,9 @@ class AvailabilityDumpResponse(_Response):
 
     operation: ClassVar[Operation] = Operation.AVAILABILITY_DUMP
     request_id: int
-    records: tuple[LedgerAvailability, ...]
+    records: tuple[LedgerAvailability, ...] | tuple[StateRecord, ...]
     stream_end: bool
+    with_state: bool = False
     ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
     entry_id: int = field(default=0, init=False)
 
@@ -133,8 +134,10 @@ class AvailabilityDumpResponse(_Response):
         return self.stream_end
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
-        parts = [part for record in self.records for part in record_parts(record)]
-        flags = Flags.STREAM_END if self.stream_end else Flags.NONE
+        parts = [part for record in self.records for part in dump_record_parts(record)]
+        flags = (Flags.STREAM_END if self.stream_end else Flags.NONE) | (
+            Flags.WITH_STATE if self.with_state else Flags.NONE
+        )
         return response_frame(self, flags, b"".join(parts), max_frame_size)
 
 

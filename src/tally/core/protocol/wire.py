@@ -57,6 +57,9 @@ class Flags(enum.IntFlag):
     DO_FENCING = 0x1
     RECOVERY_ADD = 0x2
     STREAM_END = 0x4
+    WITH_STATE = 0x8
+    """An availability dump of each ledger's state too, and of the bookie's cookie and
+    deleted ledgers: what a metadata recovery needs (dump.py's StateRecord)."""
 
 
 # Plain ints for the hot paths: IntFlag arithmetic, and even looking a member up on its
@@ -65,6 +68,7 @@ NO_FLAGS: Final = int(Flags.NONE)
 DO_FENCING: Final = int(Flags.DO_FENCING)
 RECOVERY_ADD: Final = int(Flags.RECOVERY_ADD)
 STREAM_END: Final = int(Flags.STREAM_END)
+WITH_STATE: Final = int(Flags.WITH_STATE)
 
 
 class _Rule(NamedTuple):
@@ -83,7 +87,7 @@ RULES: Final = {
     Operation.READ_LAC: _Rule(0, None, True),
     Operation.WRITE_LAC: _Rule(0, None, True),
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGER: _Rule(0, None, True),
-    Operation.AVAILABILITY_DUMP: _Rule(0, None, False),
+    Operation.AVAILABILITY_DUMP: _Rule(WITH_STATE, None, False),
     Operation.LEDGER_INFO: _Rule(0, None, True),
     Operation.METADATA_COPY: _Rule(0, None, True),
 }
