@@ -1,0 +1,262 @@
+"""What a metadata recovery writes back for each ledger, from what its bookies hold (issue 18).
+
+The metadata store is gone; the bookies still hold every entry, and for each ledger the
+copy of its metadata that its writer gave them (core/metadata_copies.py), its fenced flag,
+LAC and master key, and the ledgers they deleted under a tombstone. Per ledger:
+
+- a ledger any bookie deleted under its tombstone stays deleted, whatever another bookie
+  (away when it was deleted) still holds of it;
+- a ledger with copies comes back from the most advanced copy (`metadata_copies.progress`);
+  among copies equally advanced (a replication worker's, naming the bookie it put into an
+  old segment, beside the older ones), the one that fits what the bookies hold best. It
+  is *exact*. A CLOSED copy comes back CLOSED at its last entry; any other comes back
+  OPEN, for the normal ledger recovery (fencing and quorum coverage) to find its end:
+  never closed from a guess;
+- a ledger without a copy (written before bookies kept them) is *inferred* from which
+  bookie holds which entries (core/metadata_inference.py): OPEN, for recovery to close,
+  with an ack quorum of 1, which makes recovery the most careful (an entry is only given
+  up when every bookie of its write set says it never had it);
+- otherwise it is *not recoverable*, and the report says why.
+
+Every decision says what it could not restore (ctime, custom metadata, the digest type) and
+which entries no bookie holds any more. No I/O: the Spark job feeds it each ledger's rows.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
+from tally.core.errors import BadRequest, CookieMismatch, MalformedData
+from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from tally.core.metadata_copies import progress
+from tally.core.metadata_inference import (
+    InferredLedger,
+    NotInferable,
+    infer_ledger,
+    missing,
+    unexplained,
+)
+
+INFERRED_ACK_QUORUM = 1
+"""The ack quorum of an inferred ledger: recovery then truncates nothing a bookie may hold."""
+INFERRED_DIGEST = DigestType.CRC32C
+"""The digest type an inferred ledger is given: the client's default (the bookies do not
+record it); the report says it was assumed."""
+
+
+_NOTHING = EntryAvailability.empty()
+
+
+class Verdict(enum.Enum):
+    EXACT = "exact"
+    """From a copy of the ledger's metadata."""
+    INFERRED = "inferred"
+    """From which bookie holds which entries."""
+    DELETED = "deleted"
+    """A bookie deleted it under its tombstone: not brought back."""
+    NOT_RECOVERABLE = "not_recoverable"
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one bookie holds of one ledger."""
+
+    bookie_id: str
+    availability: EntryAvailability
+    fenced: bool
+    last_add_confirmed: int
+    master_key: bytes | None
+    metadata_copy: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecovery:
+    """What the recovery does with one ledger."""
+
+    ledger_id: LedgerId
+    verdict: Verdict
+    reason: str
+    """Why (not recoverable, deleted), or what was not restored."""
+    metadata: LedgerMetadata | None = None
+    """What to write back: CLOSED as the copy says, else OPEN (then recovered)."""
+    lost_entries: EntryAvailability = _NOTHING
+    """Entries up to the ledger's end (or the last one any bookie holds) held by none of the
+    bookies the metadata places them on: data the cluster no longer has."""
+
+    @property
+    def needs_recovery(self) -> bool:
+        """Written back OPEN: the ledger recovery finds and closes its end."""
+        return self.metadata is not None and self.metadata.state is LedgerState.OPEN
+
+
+def recover_ledger(
+    ledger_id: LedgerId, holdings: Sequence[Holding], deleted_by: Sequence[str]
+) -> LedgerRecovery:
+    """The decision for one ledger: its bookies' `holdings`, and the bookies that deleted it
+    under its tombstone (`deleted_by`)."""
+    if deleted_by:
+        return LedgerRecovery(
+            ledger_id,
+            Verdict.DELETED,
+            f"deleted under its tombstone (remembered by {', '.join(sorted(deleted_by))})",
+        )
+    if not holdings:
+        return LedgerRecovery(ledger_id, Verdict.NOT_RECOVERABLE, "no bookie holds it")
+    copies = _copies(ledger_id, holdings)
+    if copies:
+        return _from_copies(ledger_id, copies, holdings)
+    return _inferred(ledger_id, holdings)
+
+
+def _copies(ledger_id: LedgerId, holdings: Sequence[Holding]) -> list[LedgerMetadata]:
+    """The copies the bookies hold that decode (one that does not is left out: the others,
+    or an inference, stand in for it)."""
+    found = []
+    for holding in holdings:
+        if holding.metadata_copy is None:
+            continue
+        try:
+            found.append(LedgerMetadata.from_bytes(holding.metadata_copy))
+        except (BadRequest, MalformedData):
+            continue
+    return found
+
+
+def _from_copies(
+    ledger_id: LedgerId, copies: list[LedgerMetadata], holdings: Sequence[Holding]
+) -> LedgerRecovery:
+    held = {holding.bookie_id: holding.availability for holding in holdings}
+    furthest = max(progress(copy) for copy in copies)
+    candidates = [copy for copy in copies if progress(copy) == furthest]
+    chosen = min(candidates, key=lambda copy: _misplaced(copy, held))
+    restored = chosen if chosen.has_end else _reopened(chosen)
+    end = chosen.last_entry_id if chosen.has_end else _last_held(held)
+    notes = ""
+    if chosen.state is LedgerState.DELETED:
+        notes = "soft-deleted when the store was lost: comes back DELETED"
+    return LedgerRecovery(ledger_id, Verdict.EXACT, notes, restored, _lost(restored, held, end))
+
+
+def _reopened(copy: LedgerMetadata) -> LedgerMetadata:
+    """An OPEN or IN_RECOVERY copy as OPEN: its end is for the ledger recovery to find."""
+    return LedgerMetadata(
+        state=LedgerState.OPEN,
+        ensemble_size=copy.ensemble_size,
+        write_quorum=copy.write_quorum,
+        ack_quorum=copy.ack_quorum,
+        segments=copy.segments,
+        digest_type=copy.digest_type,
+        master_key=copy.master_key,
+        ctime_ms=copy.ctime_ms,
+        creator_token=copy.creator_token,
+        custom_metadata=copy.custom_metadata,
+        archived=copy.archived,
+    )
+
+
+def _inferred(ledger_id: LedgerId, holdings: Sequence[Holding]) -> LedgerRecovery:
+    keys = {holding.master_key for holding in holdings if holding.master_key is not None}
+    if len(keys) != 1:
+        problem = "its bookies disagree on its master key" if keys else "no master key is held"
+        return LedgerRecovery(
+            ledger_id, Verdict.NOT_RECOVERABLE, f"no metadata copy, and {problem}"
+        )
+    held = {holding.bookie_id: holding.availability for holding in holdings}
+    inferred = infer_ledger(held)
+    if isinstance(inferred, NotInferable):
+        return LedgerRecovery(
+            ledger_id, Verdict.NOT_RECOVERABLE, f"no metadata copy, and {inferred.reason}"
+        )
+    metadata = _metadata_of(inferred, keys.pop())
+    notes = [
+        f"ack quorum set to {INFERRED_ACK_QUORUM}",
+        f"digest type assumed {INFERRED_DIGEST.name}",
+        "ctime and custom metadata unknown",
+        *inferred.ambiguous,
+    ]
+    return LedgerRecovery(
+        ledger_id,
+        Verdict.INFERRED,
+        "; ".join(notes),
+        metadata,
+        _lost(metadata, held, inferred.last_entry_seen),
+    )
+
+
+def _metadata_of(inferred: InferredLedger, master_key: bytes) -> LedgerMetadata:
+    segments = tuple(
+        Segment(
+            segment.first_entry_id,
+            tuple(
+                bookie if bookie is not None else unknown_bookie(position)
+                for position, bookie in enumerate(segment.ensemble)
+            ),
+        )
+        for segment in inferred.segments
+    )
+    return LedgerMetadata(
+        state=LedgerState.OPEN,
+        ensemble_size=inferred.ensemble_size,
+        write_quorum=inferred.write_quorum,
+        ack_quorum=INFERRED_ACK_QUORUM,
+        segments=segments,
+        digest_type=INFERRED_DIGEST,
+        master_key=master_key,
+        ctime_ms=0,
+        creator_token=b"",
+    )
+
+
+def unknown_bookie(position: int) -> str:
+    """The id an inferred ensemble names where no bookie holds that position's entries (it
+    is gone): one that never registers, so the auditor sees it lost and repairs its share."""
+    return f"unknown-{position}.invalid:0"
+
+
+def _last_held(held: Mapping[str, EntryAvailability]) -> int:
+    return max((max(entries) for entries in held.values() if entries), default=-1)
+
+
+def _misplaced(metadata: LedgerMetadata, held: Mapping[str, EntryAvailability]) -> tuple[int, int]:
+    """How badly a copy fits the data: entries it places where no bookie holds them, then
+    entries bookies hold where it does not place them."""
+    end = metadata.last_entry_id if metadata.has_end else _last_held(held)
+    segments = [(segment.first_entry_id, segment.ensemble) for segment in metadata.segments]
+    stray = unexplained(segments, metadata.ensemble_size, metadata.write_quorum, end, held)
+    return len(_lost(metadata, held, end)), sum(len(entries) for entries in stray.values())
+
+
+def _lost(
+    metadata: LedgerMetadata, held: Mapping[str, EntryAvailability], end: int
+) -> EntryAvailability:
+    """The entries 0..`end` that no bookie the metadata places them on holds."""
+    segments = [(segment.first_entry_id, segment.ensemble) for segment in metadata.segments]
+    return missing(segments, metadata.ensemble_size, metadata.write_quorum, end, held)
+
+
+def cluster_instance(instances: Mapping[str, str]) -> str:
+    """The cluster's instance id, from each bookie's cookie (bookie id -> instance id); they
+    must agree, else CookieMismatch names the bookies that do not."""
+    if not instances:
+        raise BadRequest("no bookie's cookie to take the cluster's instance id from")
+    counts: dict[str, list[str]] = {}
+    for bookie_id, instance in sorted(instances.items()):
+        counts.setdefault(instance, []).append(bookie_id)
+    if len(counts) == 1:
+        return next(iter(counts))
+    most = max(counts.values(), key=len)
+    others = [
+        f"{', '.join(bookies)} of cluster {instance}"
+        for instance, bookies in counts.items()
+        if bookies is not most
+    ]
+    raise CookieMismatch(
+        f"the bookies' cookies name {len(counts)} clusters: {'; '.join(others)}, against "
+        f"{len(most)} bookie(s) of another; recover one cluster at a time (leave out the "
+        "bookies, or exports, of the other)"
+    )

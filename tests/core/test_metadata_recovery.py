@@ -1,0 +1,169 @@
+"""What a metadata recovery writes back for a ledger, from what its bookies hold (issue 18)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tally.core.availability import EntryAvailability
+from tally.core.errors import BadRequest, CookieMismatch
+from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.metadata_recovery import (
+    INFERRED_ACK_QUORUM,
+    Holding,
+    Verdict,
+    cluster_instance,
+    recover_ledger,
+    unknown_bookie,
+)
+from tests.support.ledgers import held_by_schedule, rotating_ledger
+
+LEDGER = LedgerId(0, 42)
+
+
+def holdings(
+    metadata: LedgerMetadata,
+    copies: dict[str, LedgerMetadata | None] | None = None,
+    *,
+    held: dict[str, set[int]] | None = None,
+    key: bytes | None = None,
+) -> list[Holding]:
+    """Each bookie of the ledger holding what the schedule gives it (or `held`), with the
+    copy `copies` names (by default `metadata` itself)."""
+    held = held if held is not None else held_by_schedule(metadata)
+    found = []
+    for bookie, entries in sorted(held.items()):
+        copy = metadata if copies is None else copies.get(bookie)
+        found.append(
+            Holding(
+                bookie,
+                EntryAvailability.from_entries(entries),
+                False,
+                -1,
+                key if key is not None else metadata.master_key,
+                None if copy is None else copy.to_bytes(),
+            )
+        )
+    return found
+
+
+def test_a_ledger_any_bookie_deleted_under_its_tombstone_stays_deleted() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 9)
+    decision = recover_ledger(LEDGER, holdings(closed), ["b:1"])
+    assert decision.verdict is Verdict.DELETED
+    assert decision.metadata is None
+    assert "b:1" in decision.reason
+
+
+def test_a_closed_copy_comes_back_exactly() -> None:
+    closed = rotating_ledger(3, 2, 2, [5], 19)
+    decision = recover_ledger(LEDGER, holdings(closed), [])
+    assert decision.verdict is Verdict.EXACT
+    assert decision.metadata == closed
+    assert not decision.needs_recovery
+    assert not decision.lost_entries
+
+
+def test_the_most_advanced_copy_wins_over_older_segments_copies() -> None:
+    first = rotating_ledger(3, 2, 2, [], None)
+    closed = rotating_ledger(3, 2, 2, [10], 19)
+    older = dict.fromkeys(first.segments[0].ensemble, first)
+    newer = dict.fromkeys(closed.segments[-1].ensemble, closed)
+    decision = recover_ledger(LEDGER, holdings(closed, {**older, **newer}), [])
+    assert decision.metadata == closed
+
+
+@pytest.mark.parametrize("changes", [[], [4]])
+def test_a_copy_not_closed_comes_back_open_for_the_ledger_recovery(changes: list[int]) -> None:
+    opened = rotating_ledger(3, 3, 2, changes, None)
+    in_recovery = dataclasses.replace(opened, state=LedgerState.IN_RECOVERY)
+    held = {bookie: set(range(9)) for bookie in opened.segments[-1].ensemble}
+    decision = recover_ledger(LEDGER, holdings(in_recovery, held=held), [])
+    assert decision.verdict is Verdict.EXACT
+    assert decision.metadata is not None
+    assert decision.metadata.state is LedgerState.OPEN
+    assert decision.needs_recovery
+    assert decision.metadata.segments == opened.segments
+
+
+def test_among_equal_copies_the_one_that_places_the_data_wins() -> None:
+    """A replication worker put d into the first segment and gave d its copy; the others
+    still hold the writer's: both equally advanced, d's places what d holds."""
+    closed = rotating_ledger(3, 2, 2, [], 8, bookies=("a:1", "b:1", "c:1"))
+    repaired = closed.replace_bookie(0, "a:1", "d:1")
+    held = held_by_schedule(repaired)
+    copies: dict[str, LedgerMetadata | None] = {"b:1": closed, "c:1": closed, "d:1": repaired}
+    decision = recover_ledger(LEDGER, holdings(repaired, copies, held=held), [])
+    assert decision.metadata == repaired
+    assert not decision.lost_entries
+
+
+def test_entries_no_bookie_holds_are_reported_lost() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 8, bookies=("a:1", "b:1", "c:1"))
+    held = held_by_schedule(closed)
+    for bookie in held:
+        held[bookie] -= {3, 4}
+    decision = recover_ledger(LEDGER, holdings(closed, held=held), [])
+    assert decision.verdict is Verdict.EXACT
+    assert set(decision.lost_entries) == {3, 4}
+
+
+def test_without_copies_the_ledger_is_inferred_and_comes_back_open() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    copies: dict[str, LedgerMetadata | None] = {}
+    decision = recover_ledger(LEDGER, holdings(closed, copies), [])
+    assert decision.verdict is Verdict.INFERRED
+    assert decision.metadata is not None
+    assert decision.metadata.state is LedgerState.OPEN
+    assert (decision.metadata.ensemble_size, decision.metadata.write_quorum) == (3, 2)
+    assert decision.metadata.ack_quorum == INFERRED_ACK_QUORUM
+    assert decision.metadata.segments == closed.segments
+    assert decision.metadata.master_key == closed.master_key
+    assert "digest type assumed" in decision.reason
+
+
+def test_a_copy_that_does_not_decode_is_left_out() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    broken = [
+        Holding(h.bookie_id, h.availability, h.fenced, -1, h.master_key, b"not metadata")
+        for h in holdings(closed)
+    ]
+    assert recover_ledger(LEDGER, broken, []).verdict is Verdict.INFERRED
+
+
+def test_a_lost_position_is_named_as_an_unknown_bookie() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    held = held_by_schedule(closed)
+    del held["c:1"]
+    decision = recover_ledger(LEDGER, holdings(closed, {}, held=held), [])
+    assert decision.metadata is not None
+    assert unknown_bookie(2) in decision.metadata.segments[0].ensemble
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [([None, None, None], "no master key"), ([b"a" * 32, b"b" * 32, None], "disagree")],
+)
+def test_an_inference_needs_one_master_key(keys: list[bytes | None], why: str) -> None:
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    found = [
+        Holding(h.bookie_id, h.availability, False, -1, key, None)
+        for h, key in zip(holdings(closed, {}), keys, strict=True)
+    ]
+    decision = recover_ledger(LEDGER, found, [])
+    assert decision.verdict is Verdict.NOT_RECOVERABLE
+    assert why in decision.reason
+
+
+def test_a_ledger_no_bookie_holds_is_not_recoverable() -> None:
+    assert recover_ledger(LEDGER, [], []).verdict is Verdict.NOT_RECOVERABLE
+
+
+def test_the_cookies_must_name_one_cluster() -> None:
+    assert cluster_instance({"a:1": "x", "b:1": "x"}) == "x"
+    with pytest.raises(CookieMismatch, match="c:1 of cluster y"):
+        cluster_instance({"a:1": "x", "b:1": "x", "c:1": "y"})
+    with pytest.raises(BadRequest, match="no bookie"):
+        cluster_instance({})
