@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tally.audit.config import AuditConfig
+from tally.cli.console import err as _err
+from tally.cli.console import failures as _failures
+from tally.cli.console import out as _out
+from tally.cli.console import stage_progress as _progress
 from tally.cli.options import ConfigFile, Metadata, required_metadata
 from tally.config import load
-from tally.core.errors import TallyError
 
 app = typer.Typer(
     name="audit",
@@ -27,8 +27,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_out = Console(soft_wrap=True, highlight=False)
-_err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400}
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
@@ -193,38 +191,6 @@ def synth(
         )
     _print_counts("synthetic snapshot", summary.get("counts", {}))
     _out.print(f"snapshot and truth.json written to {out}", markup=False)
-
-
-@contextlib.contextmanager
-def _failures() -> Iterator[None]:
-    """A tally error ends the command with its message and status 1, not a traceback."""
-    try:
-        yield
-    except TallyError as error:
-        _err.print(f"error: {error}", markup=False)
-        raise typer.Exit(1) from None
-
-
-@contextlib.contextmanager
-def _progress() -> Iterator[Callable[[str, int, int | None], None]]:
-    """A progress callback (stage, done, total) drawing one bar per stage."""
-    bars = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=False,
-    )
-    tasks: dict[str, Any] = {}
-
-    def report(stage: str, done: int, total: int | None) -> None:
-        if stage not in tasks:
-            tasks[stage] = bars.add_task(stage, total=total)
-        bars.update(tasks[stage], completed=done, total=total)
-
-    with bars:
-        yield report
 
 
 def _run_params(report: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""`tally cluster init | nuke | settings`: create a cluster in a metadata store, wipe it, or
-show and change the settings its processes share."""
+"""`tally cluster init | nuke | settings | recover | export-bookie`: create a cluster in a
+metadata store, wipe it, show and change the settings its processes share, or rebuild a lost
+store from the bookies (cluster_recovery.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from tally.cli import cluster_recovery
 from tally.cli.options import Metadata, required_metadata
 from tally.core.deletion import parse_seconds
 from tally.core.errors import TallyError
@@ -34,6 +36,9 @@ app = typer.Typer(
     help="Create a tally cluster in a metadata store, or wipe one.",
     no_args_is_help=True,
 )
+
+app.command("recover")(cluster_recovery.recover)
+app.command("export-bookie")(cluster_recovery.export_bookie)
 
 ConnectTimeout = Annotated[
     float, typer.Option("--timeout", help="Seconds to wait for the metadata store to answer.")

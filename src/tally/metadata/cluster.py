@@ -107,10 +107,14 @@ async def require_cluster(store: MetadataStore, *, uri: str | None = None) -> Cl
     return info
 
 
-async def init_cluster(store: MetadataStore, *, now_ms: int | None = None) -> InitResult:
-    """Create the cluster, or find the one already there (then nothing changes)."""
+async def init_cluster(
+    store: MetadataStore, *, now_ms: int | None = None, instance_id: str | None = None
+) -> InitResult:
+    """Create the cluster, or find the one already there (then nothing changes).
+    `instance_id`: the one of a cluster whose store was lost (metadata recovery), which
+    its bookies' cookies name; a new one by default."""
     created_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    info = ClusterInfo(str(uuid.uuid4()), LAYOUT_VERSION, created_ms)
+    info = ClusterInfo(instance_id or str(uuid.uuid4()), LAYOUT_VERSION, created_ms)
     for _ in range(INIT_ATTEMPTS):
         existing = await read_cluster(store)
         if existing is not None:

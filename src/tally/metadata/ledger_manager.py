@@ -120,6 +120,15 @@ class LedgerManager:
                 await self.store.create(idgen_bucket_path(bucket + IDGEN_BUCKET_SIZE))
             self._bucket = None
 
+    async def skip_ids_through(self, last_id: int) -> None:
+        """Never hand out a 64-bit id up to `last_id` (ledgers put back by a metadata
+        recovery): the sequence goes on in a new bucket past it (versions cannot be set, so
+        the rest of the bucket `last_id` is in goes unused)."""
+        first = (last_id // IDGEN_BUCKET_SIZE + 1) * IDGEN_BUCKET_SIZE
+        with contextlib.suppress(KeyExists):
+            await self.store.create(idgen_bucket_path(first))
+        self._bucket = None
+
     async def _newest_bucket(self) -> int:
         """The first id of the newest bucket; the first bucket is created when none is."""
         while True:

@@ -29,6 +29,7 @@ from tally.audit.checks.ledger_rows import (
     standin_metadata,
     tombstone_of,
 )
+from tally.audit.ledger_batches import ledger_starts, whole_ledgers
 from tally.core.availability import EntryAvailability
 from tally.core.clean_ledgers import LedgerColumns, clean_ledgers
 from tally.core.errors import BadRequest, MalformedData
@@ -98,11 +99,7 @@ def _valid_bookie_id(bookie: str) -> bool:
 
 
 class LedgerAuditor:
-    """The `mapInArrow` function: sorted combined rows in, violation rows out.
-
-    A ledger's rows may straddle two batches, so the rows of the last ledger of a batch wait
-    for the next one (or the end of the partition).
-    """
+    """The `mapInArrow` function: sorted combined rows in, violation rows out."""
 
     def __init__(
         self,
@@ -121,22 +118,13 @@ class LedgerAuditor:
         """The cluster's deletion_stuck_after, in seconds."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pending: pa.Table | None = None
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            if pending is not None and pending.num_rows:
-                table = pa.concat_tables([pending, table])
-            starts = _ledger_starts(table)
-            pending = table.slice(int(starts[-2]))
-            if len(starts) > 2:
-                yield self.judge(table.slice(0, int(starts[-2])))
-        if pending is not None and pending.num_rows:
-            yield self.judge(pending)
+        for ledgers in whole_ledgers(batches):
+            yield self.judge(ledgers)
 
     def judge(self, table: pa.Table) -> pa.RecordBatch:
         """Violation rows of the whole ledgers in `table` (sorted combined rows)."""
         table = table.combine_chunks()
-        starts = _ledger_starts(table)
+        starts = ledger_starts(table)
         ledger_of_row = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
         first_rows = starts[:-1]
         part = table.column("part").to_numpy()
@@ -162,7 +150,7 @@ class LedgerAuditor:
         if rows.size:
             picked = table.take(rows)
             values = {name: picked.column(name).to_pylist() for name in picked.column_names}
-            bounds = itertools.pairwise(_ledger_starts(picked).tolist())
+            bounds = itertools.pairwise(ledger_starts(picked).tolist())
             for ledger, (begin, end) in zip(np.flatnonzero(closer).tolist(), bounds, strict=True):
                 if silent[ledger]:
                     self._silent(found, values, begin, end)
@@ -325,14 +313,6 @@ class LedgerAuditor:
             if why is not None:
                 violation = dataclasses.replace(violation, detail=f"{violation.detail} ({why})")
             found.add(scope, ledger_id, violation)
-
-
-def _ledger_starts(table: pa.Table) -> np.ndarray:
-    """Row indexes where a ledger's rows begin, then the row count."""
-    scopes = table.column("scope").to_numpy()
-    ids = table.column("ledger_id").to_numpy()
-    changes = np.flatnonzero((scopes[1:] != scopes[:-1]) | (ids[1:] != ids[:-1])) + 1
-    return _int64(np.concatenate(([0], changes, [table.num_rows])))
 
 
 def _offsets(array: pa.ListArray) -> np.ndarray:

@@ -1,0 +1,204 @@
+"""The metadata recovery's Spark job: join the bookies' exports, decide every ledger, write
+the decisions and the report.
+
+The exports' ledger and deleted rows are co-located by ledger and sorted, and one Python
+pass (`LedgerDecider`, in `mapInArrow`) hands each ledger's rows to
+`core.metadata_recovery.recover_ledger`. The cookies are few: read on the driver, where the
+cluster's instance id is decided (the bookies must agree) before any ledger is.
+
+Out, under the report directory: `ledgers/` (one row per ledger: its verdict, why, the
+metadata to write back, the entries no bookie holds), `cookies/` (each bookie's cookie) and
+`summary.json`, whose counts `tally cluster recover` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from tally.audit.ledger_batches import whole_ledgers
+from tally.audit.recovery.exports import EXPORT_SCHEMA, export_files
+from tally.audit.schema import from_int64
+from tally.core.availability import EntryAvailability
+from tally.core.errors import MalformedData
+from tally.core.ids import LedgerId
+from tally.core.metadata_recovery import (
+    Holding,
+    LedgerRecovery,
+    Verdict,
+    cluster_instance,
+    recover_ledger,
+)
+from tally.metadata.cookies import Cookie
+
+LEDGERS = "ledgers"
+COOKIES = "cookies"
+SUMMARY_JSON = "summary.json"
+DECISIONS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("metadata", pa.binary(), nullable=True),
+        pa.field("needs_recovery", pa.bool_(), nullable=False),
+        pa.field("lost_entries", pa.int64(), nullable=False),
+        pa.field("lost", pa.binary(), nullable=False),
+        pa.field("bookies", pa.int32(), nullable=False),
+    ]
+)
+COOKIES_SCHEMA = pa.schema(
+    [
+        pa.field("bookie_id", pa.string(), nullable=False),
+        pa.field("cookie", pa.binary(), nullable=False),
+    ]
+)
+
+
+def read_cookies(exports: Path) -> dict[str, Cookie]:
+    """Each export's cookie, by bookie id (the exports' own rows: no Spark needed)."""
+    rows = (
+        ds.dataset([str(path) for path in export_files(exports)], schema=EXPORT_SCHEMA)
+        .to_table(columns=["bookie_id", "cookie"], filter=ds.field("kind") == "cookie")
+        .to_pylist()
+    )
+    cookies: dict[str, Cookie] = {}
+    for row in rows:
+        cookie = Cookie.from_bytes(row["cookie"], f"the export of bookie {row['bookie_id']}")
+        if cookie.bookie_id in cookies:
+            raise MalformedData(
+                f"two exports in {exports} are of bookie {cookie.bookie_id}: keep one"
+            )
+        cookies[cookie.bookie_id] = cookie
+    return cookies
+
+
+def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, Any]:
+    """Decide every ledger of the exports in `exports` into `report`; the summary.
+
+    CookieMismatch (before any ledger is decided) if the cookies name several clusters."""
+    started = time.perf_counter()
+    cookies = read_cookies(exports)
+    instance_id = cluster_instance(
+        {bookie_id: cookie.instance_id for bookie_id, cookie in cookies.items()}
+    )
+    report.mkdir(parents=True, exist_ok=True)
+    (report / COOKIES).mkdir(exist_ok=True)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"bookie_id": b, "cookie": c.to_bytes()} for b, c in sorted(cookies.items())],
+            COOKIES_SCHEMA,
+        ),
+        report / COOKIES / "cookies.parquet",
+    )
+    rows = (
+        spark.read.parquet(*(str(path) for path in export_files(exports)))
+        .where(F.col("kind") != "cookie")
+        .select(
+            "scope",
+            "ledger_id",
+            "kind",
+            "bookie_id",
+            "availability",
+            "fenced",
+            "last_add_confirmed",
+            "master_key",
+            "metadata_copy",
+        )
+    )
+    cores = spark.sparkContext.defaultParallelism
+    decided = (
+        rows.repartition(max(cores, 2), "ledger_id", "scope")
+        .sortWithinPartitions("ledger_id", "scope", "kind", "bookie_id")
+        .mapInArrow(LedgerDecider(), from_arrow_schema(DECISIONS_SCHEMA))
+    )
+    decided.write.mode("overwrite").parquet(str(report / LEDGERS))
+    timings = {"decide": time.perf_counter() - started}
+    decisions = (
+        ds.dataset(str(report / LEDGERS), schema=DECISIONS_SCHEMA)
+        .to_table(columns=["verdict", "needs_recovery", "lost_entries"])
+        .to_pydict()
+    )
+    counts = Counter(decisions["verdict"])
+    lost = decisions["lost_entries"]
+    summary: dict[str, Any] = {
+        "instance_id": instance_id,
+        "bookies": sorted(cookies),
+        "ledgers": {verdict.value: counts[verdict.value] for verdict in Verdict},
+        "needs_recovery": sum(decisions["needs_recovery"]),
+        "incomplete": sum(1 for count in lost if count),
+        "lost_entries": sum(lost),
+        "seconds": round(time.perf_counter() - started, 3),
+        "timings": {stage: round(seconds, 3) for stage, seconds in timings.items()},
+    }
+    (report / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+class LedgerDecider:
+    """The `mapInArrow` function: a ledger's export rows in (sorted), its decision out."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for ledgers in whole_ledgers(batches):
+            rows = ledgers.to_pylist()
+            decisions = []
+            begin = 0
+            for end in range(1, len(rows) + 1):
+                if end == len(rows) or _key(rows[end]) != _key(rows[begin]):
+                    decisions.append(_decide(rows[begin:end]))
+                    begin = end
+            yield pa.RecordBatch.from_pylist(decisions, DECISIONS_SCHEMA)
+
+
+def _key(row: dict[str, Any]) -> tuple[int, int]:
+    return row["scope"], row["ledger_id"]
+
+
+def _decide(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    first = rows[0]
+    ledger_id = LedgerId(from_int64(first["scope"]), from_int64(first["ledger_id"]))
+    holdings = []
+    for row in rows:
+        if row["kind"] != "ledger":
+            continue
+        try:
+            availability = EntryAvailability.from_bytes(row["availability"])
+        except MalformedData:
+            continue  # an export is read back as written; this one cannot be, so it is not used
+        holdings.append(
+            Holding(
+                row["bookie_id"],
+                availability,
+                row["fenced"],
+                row["last_add_confirmed"],
+                row["master_key"],
+                row["metadata_copy"],
+            )
+        )
+    deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
+    return decision_row(first, recover_ledger(ledger_id, holdings, deleted_by), len(holdings))
+
+
+def decision_row(first: dict[str, Any], decision: LedgerRecovery, bookies: int) -> dict[str, Any]:
+    return {
+        "scope": first["scope"],
+        "ledger_id": first["ledger_id"],
+        "verdict": decision.verdict.value,
+        "reason": decision.reason,
+        "metadata": None if decision.metadata is None else decision.metadata.to_bytes(),
+        "needs_recovery": decision.needs_recovery,
+        "lost_entries": len(decision.lost_entries),
+        "lost": decision.lost_entries.to_bytes(),
+        "bookies": bookies,
+    }

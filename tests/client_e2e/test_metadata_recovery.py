@@ -1,0 +1,246 @@
+"""Metadata recovery end to end (issue 18), with real bookie processes and real Spark: ledgers
+of several shapes, the store's file deleted, `tally cluster recover --apply` (the command a
+user runs), the bookies restarted on the rebuilt store. Every acknowledged entry reads back
+byte for byte, every field of an exact ledger equals the original, the audit finds nothing,
+and a deleted ledger stays deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tally.audit.recovery.apply import Applied, apply_recovery
+from tally.audit.recovery.exports import export_files, export_path, export_running_bookie
+from tally.client.bookie_connection import BookieConnection
+from tally.client.client import Client
+from tally.client.config import ClientConfig
+from tally.core.deletion import ClusterSettings
+from tally.core.digest import DigestType, master_key
+from tally.core.entry_format import encode_entry
+from tally.core.errors import NoSuchLedger
+from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.schedule import write_set
+from tally.metadata.cluster_settings import write_settings
+from tally.metadata.tombstones import read_tombstone
+from tests.support.async_tests import run
+from tests.support.cluster import Cluster, read_all, running_cluster, store_session
+from tests.support.polling import until
+from tests.support.processes import environment, tally
+
+PASSWORD = b"recovery"
+CONFIG = ClientConfig(add_entry_timeout=2.0, read_timeout=1.5, session_timeout=5.0)
+RECOVER_TIMEOUT = 300
+DEADLINE = 120.0
+SORTED_BY = ("bookie_id", "kind", "scope", "ledger_id")
+
+
+@dataclass
+class Written:
+    """A ledger as its writer left it: what the store said, and what was acknowledged."""
+
+    ledger_id: LedgerId
+    entries: list[bytes]
+    metadata: LedgerMetadata | None = None
+    """As the store had it when it was lost (None: written without a store, below)."""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with (
+        environment({"TALLY_BOOKIE_GC_WAIT_TIME": "1"}),
+        running_cluster(tmp_path, 4) as found,
+    ):
+        yield found
+
+
+async def append_all(writer: object, count: int, tag: str) -> list[bytes]:
+    entries = [f"{tag} entry {n}".encode() * (n % 7 + 1) for n in range(count)]
+    for data in entries:
+        await writer.append(data)  # type: ignore[attr-defined]
+    return entries
+
+
+async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
+    """Closed, with an ensemble change, left open by its writer, 128-bit with custom
+    metadata; and one deleted (its tombstone obeyed by its bookies)."""
+    written = []
+    async with store_session(cluster.uri) as store:
+        await write_settings(store, ClusterSettings(ledger_delete_retention=0))
+    async with Client(cluster.uri, config=CONFIG) as client:
+        closed = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        written.append(Written(closed.ledger_id, await append_all(closed, 30, "closed")))
+        await closed.close()
+
+        changed = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        entries = await append_all(changed, 10, "changed")
+        gone = changed.metadata.metadata.segments[0].ensemble[0]
+        await asyncio.to_thread(cluster.kill, gone)
+        entries += await append_all(changed, 10, "changed later")
+        await changed.close()
+        await asyncio.to_thread(cluster.restart, [gone])
+        written.append(Written(changed.ledger_id, entries))
+
+        wide = await client.create_ledger(
+            ensemble_size=4,
+            write_quorum=3,
+            ack_quorum=2,
+            password=PASSWORD,
+            uuid=True,
+            custom_metadata={"app": b"recovery-test", "owner": b"\x00\xff"},
+        )
+        written.append(Written(wide.ledger_id, await append_all(wide, 12, "wide")))
+        await wide.close()
+
+        doomed = await client.create_ledger(ensemble_size=3, write_quorum=3, password=PASSWORD)
+        await append_all(doomed, 5, "doomed")
+        await doomed.close()
+        await client.delete_ledger(doomed.ledger_id)
+
+        left_open = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        written.append(Written(left_open.ledger_id, await append_all(left_open, 15, "open")))
+        # the client closes with the ledger open, as a writer that died would leave it
+        for record in written:
+            found = await client.context.ledgers.read_ledger_metadata(record.ledger_id)
+            record.metadata = found.metadata
+
+    async def obeyed() -> bool:
+        async with store_session(cluster.uri) as store:
+            found = await read_tombstone(store, doomed.ledger_id)
+        return found is None or not found.tombstone.pending
+
+    await until(obeyed, "every bookie of the deleted ledger obeyed its tombstone", timeout=30)
+    return written, doomed.ledger_id
+
+
+async def write_without_copies(cluster: Cluster) -> Written:
+    """A ledger as a bookie without metadata copies held it: adds only (E3 WQ2), straight
+    to three bookies, in a scope of its own."""
+    ledger_id = LedgerId(0x01D, 7)
+    bookies = [bookie.address for bookie in cluster.bookies[:3]]
+    key = master_key(PASSWORD)
+    entries = [b"old entry %d" % n for n in range(20)]
+    connections = [await BookieConnection.connect(address) for address in bookies]
+    try:
+        length = 0
+        for entry_id, data in enumerate(entries):
+            length += len(data)
+            raw = encode_entry(ledger_id, entry_id, entry_id - 1, length, data, DigestType.CRC32C)
+            await asyncio.gather(*(connections[p].add(raw, key) for p in write_set(entry_id, 3, 2)))
+    finally:
+        for connection in connections:
+            await connection.close()
+    return Written(ledger_id, entries)
+
+
+def lose_the_store(cluster: Cluster) -> None:
+    database = Path(cluster.uri.removeprefix("sqlite:///"))
+    for path in database.parent.glob(database.name + "*"):
+        path.unlink()
+
+
+async def check_recovered(cluster: Cluster, written: list[Written], deleted: LedgerId) -> None:
+    async with Client(cluster.uri, config=CONFIG) as client:
+        for record in written:
+            reader = await client.open_ledger(record.ledger_id, password=PASSWORD)
+            got = await read_all(reader)
+            assert [got[n] for n in range(len(record.entries))] == record.entries, record
+            now = (await client.context.ledgers.read_ledger_metadata(record.ledger_id)).metadata
+            assert now.state is LedgerState.CLOSED
+            original = record.metadata
+            if original is None:
+                assert (now.ensemble_size, now.write_quorum) == (3, 2)
+                continue
+            for name in (
+                "ensemble_size", "write_quorum", "ack_quorum", "segments", "digest_type",
+                "master_key", "ctime_ms", "creator_token", "custom_metadata",
+            ):  # fmt: skip
+                assert getattr(now, name) == getattr(original, name), (record, name)
+            if original.state is LedgerState.CLOSED:
+                assert (now.last_entry_id, now.length) == (
+                    original.last_entry_id,
+                    original.length,
+                )
+            else:  # recovered: every acknowledged entry kept
+                assert now.last_entry_id >= len(record.entries) - 1
+        with pytest.raises(NoSuchLedger):
+            await client.open_ledger(deleted, password=PASSWORD)
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_path: Path) -> None:
+    """A plain test (Spark runs three times): its deadline is pytest's, not the directory's
+    for async tests."""
+    written, deleted = run(write_shapes(cluster), DEADLINE)
+    written.append(run(write_without_copies(cluster)))
+    lose_the_store(cluster)
+    report = tmp_path / "report"
+    addresses = ",".join(bookie.address for bookie in cluster.bookies)
+    applied = tally(
+        "cluster", "recover", "--metadata", cluster.uri, "--bookies", addresses,
+        "--report", str(report), "--master", "local[2]", "--apply", timeout=RECOVER_TIMEOUT,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr + applied.stdout
+    assert "Traceback" not in applied.stderr
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["ledgers"] == {
+        "exact": 4,
+        "inferred": 1,
+        "deleted": 1,
+        "not_recoverable": 0,
+    }, summary
+    assert summary["needs_recovery"] == 2  # the one left open, and the inferred one
+    assert "2 ledgers recovered" in applied.stdout, applied.stdout
+    for bookie in cluster.bookies:
+        bookie.stop()
+    cluster.restart([bookie.address for bookie in cluster.bookies])
+    run(check_recovered(cluster, written, deleted), DEADLINE)
+
+    async def again() -> Applied:
+        async with store_session(cluster.uri) as store:
+            return await apply_recovery(store, report)
+
+    repeated = run(again(), DEADLINE)
+    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 5), repeated
+    assert repeated.recovery_failed == {}
+    run(check_recovered(cluster, written, deleted), DEADLINE)
+
+    snapshot, audit = tmp_path / "snapshot", tmp_path / "audit"
+    taken = tally(
+        "audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot), timeout=120
+    )
+    assert taken.returncode == 0, taken.stderr
+    audited = tally(
+        "audit", "run", "--snapshot", str(snapshot), "--out", str(audit), "--master", "local[2]",
+        timeout=RECOVER_TIMEOUT,
+    )  # fmt: skip
+    assert audited.returncode == 0, audited.stderr
+    categories = json.loads((audit / "summary.json").read_text())["categories"]
+    assert not any(categories.values()), categories
+
+    # A stopped bookie's files say what the running bookie said.
+    online, offline = tmp_path / "online", tmp_path / "offline"
+    for bookie in cluster.bookies:
+        run(export_running_bookie(bookie.address, export_path(online, bookie.address)))
+    for bookie in cluster.bookies:
+        bookie.stop()
+        exported = tally(
+            "cluster", "export-bookie", "--data-dir", str(bookie.data_dir), "--out", str(offline)
+        )  # fmt: skip
+        assert exported.returncode == 0, exported.stderr
+    assert rows_of(offline) == rows_of(online)
+
+
+def rows_of(exports: Path) -> list[dict[str, object]]:
+    rows = [row for path in export_files(exports) for row in pq.read_table(path).to_pylist()]
+    return sorted(
+        rows, key=lambda row: (row["bookie_id"], row["kind"], row["scope"], row["ledger_id"])
+    )
