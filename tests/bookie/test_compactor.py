@@ -36,6 +36,7 @@ from tally.core.compaction import CompactionKind, CompactionPolicy, DiskSpace, F
 from tally.core.digest import crc32c
 from tally.core.errors import IllegalOperation, NoSuchEntry, NoSuchLedger, WriteFailed
 from tally.core.ids import LedgerId
+from tests.support.raw_index import index_families
 
 LOG_SIZE = 64 << 10
 ROOMY = DiskSpace(10**12, 9 * 10**11)
@@ -167,11 +168,9 @@ def test_checkpoints_count_each_ledgers_bytes_in_each_log_and_the_counts_survive
 
 def forget_counts(directory: Path) -> None:
     """Make the index look like one written before usage was counted."""
-    families = {
-        name: rocksdict.Options(raw_mode=True)
-        for name in ("ledgers", "meta", "usage", "corrupt", "copies")
-    }
-    raw = rocksdict.Rdict(str(directory / "index"), rocksdict.Options(raw_mode=True), families)
+    raw = rocksdict.Rdict(
+        str(directory / "index"), rocksdict.Options(raw_mode=True), index_families(directory)
+    )
     usage = raw.get_column_family("usage")
     for key in list(usage.keys()):
         del usage[key]

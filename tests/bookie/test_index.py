@@ -20,6 +20,7 @@ from tally.core.compaction import CompactionTimes, FileKind
 from tally.core.errors import BadRequest, EntryUnreadable, IllegalOperation, WriteFailed
 from tally.core.ids import UINT64_MAX, LedgerId
 from tally.core.scrub import ScrubPass, ScrubTrigger
+from tests.support.raw_index import index_families
 
 MAX_ENTRY = 2**63 - 1
 EDGE_LEDGERS = [
@@ -156,10 +157,7 @@ def test_damaged_values_in_the_db_are_unreadable(tmp_path: Path) -> None:
     raw = rocksdict.Rdict(
         str(path),
         rocksdict.Options(raw_mode=True),
-        {
-            name: rocksdict.Options(raw_mode=True)
-            for name in ("ledgers", "meta", "usage", "corrupt", "copies")
-        },
+        index_families(path.parent),
     )
     key = (0).to_bytes(8, "big") + (7).to_bytes(8, "big")
     raw[key + (3).to_bytes(8, "big")] = b"short"
