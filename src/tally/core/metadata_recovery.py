@@ -107,21 +107,20 @@ def recover_ledger(
         )
     if not holdings:
         return LedgerRecovery(ledger_id, Verdict.NOT_RECOVERABLE, "no bookie holds it")
-    copies = _copies(ledger_id, holdings)
+    copies = _copies(holdings)
     if copies:
         return _from_copies(ledger_id, copies, holdings)
     return _inferred(ledger_id, holdings)
 
 
-def _copies(ledger_id: LedgerId, holdings: Sequence[Holding]) -> list[LedgerMetadata]:
+def _copies(holdings: Sequence[Holding]) -> list[LedgerMetadata]:
     """The copies the bookies hold that decode (one that does not is left out: the others,
     or an inference, stand in for it)."""
     found = []
-    for holding in holdings:
-        if holding.metadata_copy is None:
-            continue
+    for copy in {holding.metadata_copy for holding in holdings} - {None}:  # most are alike
+        assert copy is not None
         try:
-            found.append(LedgerMetadata.from_bytes(holding.metadata_copy))
+            found.append(LedgerMetadata.from_bytes(copy))
         except (BadRequest, MalformedData):
             continue
     return found
@@ -133,7 +132,11 @@ def _from_copies(
     held = {holding.bookie_id: holding.availability for holding in holdings}
     furthest = max(progress(copy) for copy in copies)
     candidates = [copy for copy in copies if progress(copy) == furthest]
-    chosen = min(candidates, key=lambda copy: _misplaced(copy, held))
+    chosen = (
+        candidates[0]
+        if len(candidates) == 1
+        else min(candidates, key=lambda copy: (*_misplaced(copy, held), copy.to_bytes()))
+    )
     restored = chosen if chosen.has_end else _reopened(chosen)
     end = chosen.last_entry_id if chosen.has_end else _last_held(held)
     notes = ""
