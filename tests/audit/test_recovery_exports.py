@@ -108,4 +108,4 @@ def test_recover_refuses_exports_of_two_clusters_before_starting_spark(tmp_path:
 def test_recover_needs_bookies_or_exports(tmp_path: Path) -> None:
     done = tally("cluster", "recover", "--report", str(tmp_path / "r"))
     assert done.returncode == 2
-    assert "give either --bookies or --exports" in done.stderr
+    assert "give --bookies, --exports or both" in done.stderr

@@ -389,7 +389,8 @@ class Bookie:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._http_task
         self._stopped.set()
-        log.info("bookie %s stopped", self.bookie_id)
+        if self.bookie_id:  # else it never got as far as its identity: nothing to report
+            log.info("bookie %s stopped", self.bookie_id)
 
     def _corrupt_found(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
         """Ledger storage marked entries corrupt (from a read, or the scrubber's thread):

@@ -73,7 +73,10 @@ def recover(
     ] = None,
     exports: Annotated[
         Path | None,
-        typer.Option(help="A directory of exports (`tally cluster export-bookie`, or a report's)."),
+        typer.Option(
+            help="A directory of exports (`tally cluster export-bookie`); with --bookies, "
+            "theirs are added to it."
+        ),
     ] = None,
     report: Annotated[
         Path, typer.Option(help="Directory for the exports asked for, the decisions, the summary.")
@@ -98,13 +101,13 @@ def recover(
     from tally.audit.recovery.exports import export_path, export_running_bookie
 
     uri = required_metadata(metadata) if apply else metadata
-    if (bookies is None) == (exports is None):
-        raise typer.BadParameter("give either --bookies or --exports", param_hint="--bookies")
+    if bookies is None and exports is None:
+        raise typer.BadParameter("give --bookies, --exports or both", param_hint="--bookies")
     with failures():
         if bookies is not None:
-            exports = report / "exports"
-            if exports.exists():
-                shutil.rmtree(exports)
+            if exports is None:
+                exports = report / "exports"
+                shutil.rmtree(exports, ignore_errors=True)  # a previous run's
             addresses = [address.strip() for address in bookies.split(",") if address.strip()]
             with stage_progress() as progress:
                 for done, address in enumerate(addresses, start=1):
