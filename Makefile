@@ -10,16 +10,16 @@ run:
 test:
 	@scripts/ensure-zookeeper.sh
 	@uv=$$(scripts/bootstrap.sh) && \
-	$$uv run --frozen ruff check src tests bench && \
-	$$uv run --frozen ruff format --check src tests bench && \
+	$$uv run --frozen ruff check src tests bench examples && \
+	$$uv run --frozen ruff format --check src tests bench examples && \
 	$$uv run --frozen mypy && \
 	$$uv run --frozen lint-imports --no-logo --no-cache && \
 	$$uv run --frozen pytest -q -n 2 --dist loadfile
 
 lint:
 	@uv=$$(scripts/bootstrap.sh) && \
-	$$uv run --frozen ruff check src tests bench && \
-	$$uv run --frozen ruff format --check src tests bench && \
+	$$uv run --frozen ruff check src tests bench examples && \
+	$$uv run --frozen ruff format --check src tests bench examples && \
 	$$uv run --frozen mypy && \
 	$$uv run --frozen lint-imports --no-logo --no-cache
 
