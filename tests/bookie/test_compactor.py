@@ -36,7 +36,6 @@ from tally.core.compaction import CompactionKind, CompactionPolicy, DiskSpace, F
 from tally.core.digest import crc32c
 from tally.core.errors import IllegalOperation, NoSuchEntry, NoSuchLedger, WriteFailed
 from tally.core.ids import LedgerId
-from tests.support.raw_index import index_families
 
 LOG_SIZE = 64 << 10
 ROOMY = DiskSpace(10**12, 9 * 10**11)
@@ -168,6 +167,8 @@ def test_checkpoints_count_each_ledgers_bytes_in_each_log_and_the_counts_survive
 
 def forget_counts(directory: Path) -> None:
     """Make the index look like one written before usage was counted."""
+    from tests.support.raw_index import index_families  # this file also runs as a script
+
     raw = rocksdict.Rdict(
         str(directory / "index"), rocksdict.Options(raw_mode=True), index_families(directory)
     )

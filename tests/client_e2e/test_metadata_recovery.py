@@ -29,6 +29,7 @@ from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
 from tally.metadata.cluster_settings import write_settings
 from tally.metadata.tombstones import read_tombstone
+from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
 from tests.support.async_tests import run
 from tests.support.cluster import Cluster, read_all, running_cluster, store_session
 from tests.support.polling import until
@@ -68,8 +69,9 @@ async def append_all(writer: object, count: int, tag: str) -> list[bytes]:
 
 
 async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
-    """Closed, with an ensemble change, left open by its writer, 128-bit with custom
-    metadata; and one deleted (its tombstone obeyed by its bookies)."""
+    """Closed, with an ensemble change, 128-bit with custom metadata, recovered after its
+    writer died, left open by its writer; and one deleted (its tombstone obeyed by its
+    bookies)."""
     written = []
     async with store_session(cluster.uri) as store:
         await write_settings(store, ClusterSettings(ledger_delete_retention=0))
@@ -97,6 +99,10 @@ async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
         )
         written.append(Written(wide.ledger_id, await append_all(wide, 12, "wide")))
         await wide.close()
+
+        died = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        written.append(Written(died.ledger_id, await append_all(died, 8, "died")))
+        await client.open_ledger(died.ledger_id, password=PASSWORD)  # recovered, closed
 
         doomed = await client.create_ledger(ensemble_size=3, write_quorum=3, password=PASSWORD)
         await append_all(doomed, 5, "doomed")
@@ -192,7 +198,7 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
     assert "Traceback" not in applied.stderr
     summary = json.loads((report / "summary.json").read_text())
     assert summary["ledgers"] == {
-        "exact": 4,
+        "exact": 5,
         "inferred": 1,
         "deleted": 1,
         "not_recoverable": 0,
@@ -209,7 +215,7 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
             return await apply_recovery(store, report)
 
     repeated = run(again(), DEADLINE)
-    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 5), repeated
+    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 6), repeated
     assert repeated.recovery_failed == {}
     run(check_recovered(cluster, written, deleted), DEADLINE)
 
@@ -237,6 +243,62 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
         )  # fmt: skip
         assert exported.returncode == 0, exported.stderr
     assert rows_of(offline) == rows_of(online)
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_zookeeper_store_is_rebuilt_from_stopped_bookies_exports(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The bookies are stopped and their ZooKeeper store wiped; each is exported from its
+    files (`tally cluster export-bookie`), and the store rebuilt from the exports."""
+    why_not = missing_prerequisite()
+    if why_not is not None:
+        pytest.fail(why_not)
+    zookeeper = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    zookeeper.start()
+    uri = zookeeper.uri("/lost")
+    cluster = Cluster(uri, tmp_path)
+    try:
+        made = tally("cluster", "init", "--metadata", uri, timeout=60)
+        assert made.returncode == 0, made.stderr
+        with environment({"TALLY_BOOKIE_GC_WAIT_TIME": "1"}):
+            cluster.start(4)
+        written, deleted = run(write_shapes(cluster), DEADLINE)
+        for bookie in cluster.bookies:
+            bookie.stop()
+        wiped = tally("cluster", "nuke", "--metadata", uri, "--force", timeout=60)
+        assert wiped.returncode == 0, wiped.stderr
+        exports = tmp_path / "exports"
+        for bookie in cluster.bookies:
+            exported = tally(
+                "cluster", "export-bookie", "--data-dir", str(bookie.data_dir),
+                "--out", str(exports), timeout=120,
+            )  # fmt: skip
+            assert exported.returncode == 0, exported.stderr
+        applied = tally(
+            "cluster", "recover", "--metadata", uri, "--exports", str(exports),
+            "--report", str(tmp_path / "report"), "--master", "local[2]", "--apply",
+            timeout=RECOVER_TIMEOUT,
+        )  # fmt: skip
+        # The bookies are stopped: the open ledger's recovery waits for them.
+        assert applied.returncode == 1, applied.stderr + applied.stdout
+        assert "run again once their bookies answer" in applied.stderr
+        assert "Traceback" not in applied.stderr
+        summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+        assert summary["ledgers"]["exact"] == len(written), summary
+        assert summary["ledgers"]["deleted"] == 1, summary
+        cluster.restart([bookie.address for bookie in cluster.bookies])
+
+        async def again() -> Applied:
+            async with store_session(uri) as store:
+                return await apply_recovery(store, tmp_path / "report")
+
+        finished = run(again(), DEADLINE)
+        assert (finished.ledgers_written, finished.recovered) == (0, 1), finished
+        run(check_recovered(cluster, written, deleted), DEADLINE)
+    finally:
+        cluster.shutdown()
+        zookeeper.stop()
 
 
 def rows_of(exports: Path) -> list[dict[str, object]]:

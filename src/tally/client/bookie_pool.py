@@ -44,8 +44,15 @@ class BookiePool:
         if dialing is None:
             dialing = asyncio.ensure_future(self._dial(bookie_id))
             self._dialing[bookie_id] = dialing
-            dialing.add_done_callback(lambda _: self._dialing.pop(bookie_id, None))
+            dialing.add_done_callback(lambda done: self._dialed(bookie_id, done))
         return await asyncio.shield(dialing)
+
+    def _dialed(self, bookie_id: str, done: asyncio.Future[BookieConnection]) -> None:
+        """A dial ended. Its failure is taken here too: every caller that waited for it may
+        have been cancelled meanwhile (a timeout), and asyncio would then print it."""
+        self._dialing.pop(bookie_id, None)
+        if not done.cancelled():
+            done.exception()
 
     async def _dial(self, bookie_id: str) -> BookieConnection:
         address = await self._address(bookie_id)
