@@ -79,7 +79,11 @@ def recover(
         ),
     ] = None,
     report: Annotated[
-        Path, typer.Option(help="Directory for the exports asked for, the decisions, the summary.")
+        Path,
+        typer.Option(
+            help="Directory for the decisions and the summary (and, without "
+            "--exports, the bookies' exports)."
+        ),
     ] = Path("recovery-report"),
     apply: Annotated[
         bool,
