@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tally.bookie.index import FoundBy
 from tally.bookie.journal_entries import JournalLocation
 from tally.bookie.journal_format import file_name
 from tally.bookie.ledger_storage import LedgerStorage
-from tally.bookie.scrubber import Verdict
+from tally.bookie.scrubber import HEADROOM, Verdict, _LogReads
 from tally.core.digest import crc32c
 from tally.core.errors import (
     EntryCorrupt,
@@ -524,3 +525,32 @@ def test_closing_the_storage_stops_scrubbing(tmp_path: Path) -> None:
     storage.close()
     with pytest.raises(IllegalOperation, match="closing"):
         storage.scrub(EVERYTHING)
+
+
+def test_the_reads_of_a_log_left_behind_give_their_buffers_back_first() -> None:
+    """A step may leave a log with a read ahead still filling one of the two buffers (damage
+    or an I/O error ends the log early); the next log's reads take the same buffers, so the
+    one left behind waits for that read before anything else writes into them."""
+    started, release = threading.Event(), threading.Event()
+
+    class SlowLog:
+        def read_span(self, log_id: int, offset: int, into: memoryview) -> int:
+            if offset:  # the read ahead
+                started.set()
+                assert release.wait(10)
+            into[:] = bytes(len(into))
+            return len(into)
+
+    buffers = (memoryview(bytearray(HEADROOM + 64)), memoryview(bytearray(HEADROOM + 64)))
+    with ThreadPoolExecutor(1) as reader:
+        reads = _LogReads(SlowLog(), 1, reader, buffers)  # type: ignore[arg-type]
+        raw, fresh = reads.read(0, 64, 1 << 20)
+        assert (len(raw), fresh) == (64, 64)
+        assert started.wait(10)
+        settled = threading.Event()
+        waiter = threading.Thread(target=lambda: (reads.settle(), settled.set()))
+        waiter.start()
+        assert not settled.wait(0.2), "settled while the read ahead still writes its buffer"
+        release.set()
+        waiter.join(10)
+        assert settled.is_set()

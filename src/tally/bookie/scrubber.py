@@ -244,23 +244,23 @@ class _LogReads:
         is the end of the last read, not parsed yet). EntryUnreadable if they cannot be
         read. The bytes are valid until the next call."""
         last_at, last, into = self._last
-        ahead, self._ahead = self._ahead, None
+        ahead = self._ahead
         raw: memoryview | None = None
-        if ahead is not None:
+        if (
+            ahead is not None
+            and ahead[0] == last_at + len(last)
+            and last_at <= position <= ahead[0]  # not past a long record read on its own
+            and ahead[0] - position <= HEADROOM
+        ):
             at, pending, into = ahead
-            if (
-                at == last_at + len(last)
-                and last_at <= position <= at  # not past a long record read on its own
-                and at - position <= HEADROOM
-            ):
-                read = pending.result() or 0
-                buffer = self._buffers[into]
-                begin = HEADROOM - (at - position)
-                buffer[begin:HEADROOM] = last[position - last_at :]
-                raw = buffer[begin : HEADROOM + read]
-            else:
-                with contextlib.suppress(EntryUnreadable):
-                    pending.result()  # the buffer is this thread's again
+            self._ahead = None
+            read = pending.result() or 0
+            buffer = self._buffers[into]
+            begin = HEADROOM - (at - position)
+            buffer[begin:HEADROOM] = last[position - last_at :]
+            raw = buffer[begin : HEADROOM + read]
+        else:
+            self.settle()
         if raw is None:
             into = 1 - into
             span = self._log.read_span(
@@ -281,6 +281,14 @@ class _LogReads:
                 other,
             )
         return raw, read
+
+    def settle(self) -> None:
+        """Wait for the read ahead, if any, and drop it: the buffers are this thread's again
+        (another log's reads take them next)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(EntryUnreadable):
+                ahead[1].result()
 
 
 _Buffers = tuple[memoryview, memoryview]
@@ -381,7 +389,7 @@ class Scrubber:
             if file is not None and file != progress.file:
                 self._found = _Found()
                 self._found_all = True
-                self._reads = None
+                self._drop_reads()
             try:
                 if file is None:
                     ended = True
@@ -497,6 +505,7 @@ class Scrubber:
         stop = min(end, position + budget)
         reads = self._reads
         if reads is None or reads.log_id != log_id:
+            self._drop_reads()
             reads = self._reads = _LogReads(self._log, log_id, *self._reader())
         ahead_to = end if full_speed else stop  # a scheduled step reads nothing past its own
         while position < stop:
@@ -528,6 +537,12 @@ class Scrubber:
                 parsed = self._long_record(log_id, position, raw, done)
             position += parsed
         return position, position >= end, False
+
+    def _drop_reads(self) -> None:
+        """Let go of the last log's reads, once its read ahead no longer fills a buffer."""
+        if self._reads is not None:
+            self._reads.settle()
+            self._reads = None
 
     def _reader(self) -> tuple[ThreadPoolExecutor, _Buffers]:
         """The thread that reads the next stretch of an entry log while a step checks the
