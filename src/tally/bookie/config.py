@@ -248,6 +248,13 @@ class BookieConfig:
     def scrub_policy(self) -> ScrubPolicy:
         return ScrubPolicy(interval=self.scrub_interval, rate_bytes=self.scrub_rate_bytes)
 
+    def keeps_entries(self, ledger_dir: Path) -> bool:
+        """Whether ledger storage in `ledger_dir` reads large entries where the journal wrote
+        them: the setting, else whether the directory shares the journal's device."""
+        if self.keep_large_entries_in_journal is not None:
+            return self.keep_large_entries_in_journal
+        return ledger_dir.stat().st_dev == self.journal_directory.stat().st_dev
+
     @property
     def journal_directory(self) -> Path:
         return self.journal_dir or self.data_dir / "journal"

@@ -266,8 +266,9 @@ class GarbageCollector:
                 run.tombstones_read += 1
                 action = on_tombstone(found.tombstone, self._bookie_id, found.ledger_id in local)
                 drop = action is TombstoneAction.DROP_THEN_ACKNOWLEDGE
-                obeyed = DeletedLedger(found.tombstone.deletion.time_ms, self._clock())
-                if drop and await self._drop(found.ledger_id, obeyed):
+                if drop and await self._drop(
+                    found.ledger_id, DeletedLedger(found.tombstone.deletion.time_ms, self._clock())
+                ):
                     dropped.append(found.ledger_id)
                     log.info(
                         "bookie %s: ledger %s deleted: its tombstone says so (%s, deleted at "

@@ -190,12 +190,10 @@ class Bookie:
             cluster.instance_id,
             failed=recorded_failures(journal_dir),
         )
-        keep = config.keep_large_entries_in_journal
-        journal_device = journal_dir.stat().st_dev
         self._storage = LedgerDirectories(
             ledger_dirs,
             journal_dir,
-            keeps_entries=lambda d: d.stat().st_dev == journal_device if keep is None else keep,
+            keeps_entries=config.keeps_entries,
             log_size_limit=config.entry_log_size_limit,
             direct_io=config.direct_io,
             gc=config.gc_settings,

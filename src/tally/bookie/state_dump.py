@@ -20,15 +20,17 @@ def state_records(storage: BookieStorage, cookie: bytes) -> Iterator[StateRecord
     for ledger_id, held in storage.iter_availability():
         try:
             info = storage.ledger_info(ledger_id)
-            yield StateRecord.held(
-                ledger_id,
-                held.to_bytes(),
-                fenced=info.fenced,
-                last_add_confirmed=info.last_add_confirmed,
-                master_key=storage.master_key(ledger_id),
-                metadata_copy=storage.metadata_copy(ledger_id),
-            )
+            master_key = storage.master_key(ledger_id)
+            copy = storage.metadata_copy(ledger_id)
         except NoSuchLedger:
             continue  # deleted meanwhile
+        yield StateRecord.held(
+            ledger_id,
+            held.to_bytes(),
+            fenced=info.fenced,
+            last_add_confirmed=info.last_add_confirmed,
+            master_key=master_key,
+            metadata_copy=copy,
+        )
     for ledger_id, deleted in sorted(storage.deleted_ledgers().items()):
         yield StateRecord.deleted(ledger_id, deleted.deleted_ms)

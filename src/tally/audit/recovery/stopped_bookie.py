@@ -27,14 +27,11 @@ def stopped_bookie_records(config: BookieConfig) -> Iterator[StateRecord]:
     """The records a dump WITH_STATE of this bookie would give, from its files."""
     journal_dir = config.journal_directory
     cookie = bookie_cookie(config).to_bytes()
-    keep = config.keep_large_entries_in_journal
     try:
         storage = LedgerDirectories(
             config.ledger_directories,
             journal_dir,
-            keeps_entries=lambda d: (
-                d.stat().st_dev == journal_dir.stat().st_dev if keep is None else keep
-            ),
+            keeps_entries=config.keeps_entries,
             log_size_limit=config.entry_log_size_limit,
             direct_io=config.direct_io,
         )

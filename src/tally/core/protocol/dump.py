@@ -156,10 +156,6 @@ class StateRecord:
             return self.cookie
         return self.metadata_copy or b""
 
-    def entries(self) -> EntryAvailability:
-        """Decode the availability; MalformedData if the bookie sent a bad encoding."""
-        return EntryAvailability.from_bytes(self.availability)
-
 
 def state_record_parts(record: StateRecord) -> tuple[bytes, bytes, bytes]:
     """A state record's header, availability and payload, refusing what would not decode
