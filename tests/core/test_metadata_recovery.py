@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
@@ -13,11 +14,13 @@ from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.metadata_recovery import (
     INFERRED_ACK_QUORUM,
     Holding,
+    LedgerRecovery,
     Verdict,
     cluster_instance,
     recover_ledger,
     unknown_bookie,
 )
+from tally.core.schedule import write_set
 from tests.support.ledgers import held_by_schedule, rotating_ledger
 
 LEDGER = LedgerId(0, 42)
@@ -49,9 +52,14 @@ def holdings(
     return found
 
 
+def decide(found: list[Holding], deleted_by: Sequence[str] = ()) -> LedgerRecovery:
+    """The decision, every bookie holding the ledger having answered."""
+    return recover_ledger(LEDGER, found, deleted_by, {holding.bookie_id for holding in found})
+
+
 def test_a_ledger_any_bookie_deleted_under_its_tombstone_stays_deleted() -> None:
     closed = rotating_ledger(3, 2, 2, [], 9)
-    decision = recover_ledger(LEDGER, holdings(closed), ["b:1"])
+    decision = decide(holdings(closed), ["b:1"])
     assert decision.verdict is Verdict.DELETED
     assert decision.metadata is None
     assert "b:1" in decision.reason
@@ -59,7 +67,7 @@ def test_a_ledger_any_bookie_deleted_under_its_tombstone_stays_deleted() -> None
 
 def test_a_closed_copy_comes_back_exactly() -> None:
     closed = rotating_ledger(3, 2, 2, [5], 19)
-    decision = recover_ledger(LEDGER, holdings(closed), [])
+    decision = decide(holdings(closed))
     assert decision.verdict is Verdict.EXACT
     assert decision.metadata == closed
     assert not decision.needs_recovery
@@ -71,7 +79,7 @@ def test_the_most_advanced_copy_wins_over_older_segments_copies() -> None:
     closed = rotating_ledger(3, 2, 2, [10], 19)
     older = dict.fromkeys(first.segments[0].ensemble, first)
     newer = dict.fromkeys(closed.segments[-1].ensemble, closed)
-    decision = recover_ledger(LEDGER, holdings(closed, {**older, **newer}), [])
+    decision = decide(holdings(closed, {**older, **newer}))
     assert decision.metadata == closed
 
 
@@ -80,7 +88,7 @@ def test_a_copy_not_closed_comes_back_open_for_the_ledger_recovery(changes: list
     opened = rotating_ledger(3, 3, 2, changes, None)
     in_recovery = dataclasses.replace(opened, state=LedgerState.IN_RECOVERY)
     held = {bookie: set(range(9)) for bookie in opened.segments[-1].ensemble}
-    decision = recover_ledger(LEDGER, holdings(in_recovery, held=held), [])
+    decision = decide(holdings(in_recovery, held=held))
     assert decision.verdict is Verdict.EXACT
     assert decision.metadata is not None
     assert decision.metadata.state is LedgerState.OPEN
@@ -95,7 +103,7 @@ def test_among_equal_copies_the_one_that_places_the_data_wins() -> None:
     repaired = closed.replace_bookie(0, "a:1", "d:1")
     held = held_by_schedule(repaired)
     copies: dict[str, LedgerMetadata | None] = {"b:1": closed, "c:1": closed, "d:1": repaired}
-    decision = recover_ledger(LEDGER, holdings(repaired, copies, held=held), [])
+    decision = decide(holdings(repaired, copies, held=held))
     assert decision.metadata == repaired
     assert not decision.lost_entries
 
@@ -105,15 +113,29 @@ def test_entries_no_bookie_holds_are_reported_lost() -> None:
     held = held_by_schedule(closed)
     for bookie in held:
         held[bookie] -= {3, 4}
-    decision = recover_ledger(LEDGER, holdings(closed, held=held), [])
+    decision = decide(holdings(closed, held=held))
     assert decision.verdict is Verdict.EXACT
     assert set(decision.lost_entries) == {3, 4}
+
+
+def test_entries_a_bookie_that_did_not_answer_may_hold_are_not_lost() -> None:
+    """Its export is missing, or its row could not be read: unknown, never missing."""
+    closed = rotating_ledger(3, 2, 2, [], 8, bookies=("a:1", "b:1", "c:1"))
+    held = held_by_schedule(closed)
+    del held["c:1"]
+    for bookie in held:
+        held[bookie] -= {3, 4}
+    decision = recover_ledger(LEDGER, holdings(closed, held=held), [], {"a:1", "b:1"})
+    ensemble = closed.segments[0].ensemble
+    on_c = {e for e in (3, 4) if "c:1" in {ensemble[p] for p in write_set(e, 3, 2)}}
+    assert on_c
+    assert set(decision.lost_entries) == {3, 4} - on_c
 
 
 def test_without_copies_the_ledger_is_inferred_and_comes_back_open() -> None:
     closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
     copies: dict[str, LedgerMetadata | None] = {}
-    decision = recover_ledger(LEDGER, holdings(closed, copies), [])
+    decision = decide(holdings(closed, copies))
     assert decision.verdict is Verdict.INFERRED
     assert decision.metadata is not None
     assert decision.metadata.state is LedgerState.OPEN
@@ -130,14 +152,14 @@ def test_a_copy_that_does_not_decode_is_left_out() -> None:
         Holding(h.bookie_id, h.availability, h.fenced, -1, h.master_key, b"not metadata")
         for h in holdings(closed)
     ]
-    assert recover_ledger(LEDGER, broken, []).verdict is Verdict.INFERRED
+    assert decide(broken).verdict is Verdict.INFERRED
 
 
 def test_a_lost_position_is_named_as_an_unknown_bookie() -> None:
     closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
     held = held_by_schedule(closed)
     del held["c:1"]
-    decision = recover_ledger(LEDGER, holdings(closed, {}, held=held), [])
+    decision = decide(holdings(closed, {}, held=held))
     assert decision.metadata is not None
     assert unknown_bookie(2) in decision.metadata.segments[0].ensemble
 
@@ -152,13 +174,13 @@ def test_an_inference_needs_one_master_key(keys: list[bytes | None], why: str) -
         Holding(h.bookie_id, h.availability, False, -1, key, None)
         for h, key in zip(holdings(closed, {}), keys, strict=True)
     ]
-    decision = recover_ledger(LEDGER, found, [])
+    decision = decide(found)
     assert decision.verdict is Verdict.NOT_RECOVERABLE
     assert why in decision.reason
 
 
 def test_a_ledger_no_bookie_holds_is_not_recoverable() -> None:
-    assert recover_ledger(LEDGER, [], []).verdict is Verdict.NOT_RECOVERABLE
+    assert decide([]).verdict is Verdict.NOT_RECOVERABLE
 
 
 def test_the_cookies_must_name_one_cluster() -> None:

@@ -199,12 +199,13 @@ def _list_notable(report: Path) -> None:
     from tally.audit.recovery.job import DECISIONS_SCHEMA, LEDGERS
     from tally.audit.schema import from_int64
     from tally.core.ids import LedgerId
+    from tally.core.metadata_recovery import SOFT_DELETED
 
     decisions = ds.dataset(str(report / LEDGERS), schema=DECISIONS_SCHEMA)
     notable = (
         (ds.field("verdict") == "not_recoverable")
         | (ds.field("lost_entries") > 0)
-        | (ds.field("reason").isin(["soft-deleted when the store was lost: comes back DELETED"]))
+        | (ds.field("reason") == SOFT_DELETED)
     )
     rows = decisions.to_table(filter=notable).slice(0, SHOWN).to_pylist()
     for row in rows:

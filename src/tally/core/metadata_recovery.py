@@ -24,8 +24,9 @@ which entries no bookie holds any more. No I/O: the Spark job feeds it each ledg
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from tally.core.availability import EntryAvailability
@@ -44,6 +45,8 @@ from tally.core.metadata_inference import (
 
 INFERRED_ACK_QUORUM = 1
 """The ack quorum of an inferred ledger: recovery then truncates nothing a bookie may hold."""
+SOFT_DELETED = "soft-deleted when the store was lost: comes back DELETED"
+"""The reason a ledger restored from a DELETED copy gives (the report lists such ledgers)."""
 INFERRED_DIGEST = DigestType.CRC32C
 """The digest type an inferred ledger is given: the client's default (the bookies do not
 record it); the report says it was assumed."""
@@ -95,10 +98,15 @@ class LedgerRecovery:
 
 
 def recover_ledger(
-    ledger_id: LedgerId, holdings: Sequence[Holding], deleted_by: Sequence[str]
+    ledger_id: LedgerId,
+    holdings: Sequence[Holding],
+    deleted_by: Sequence[str],
+    answered: Collection[str],
 ) -> LedgerRecovery:
     """The decision for one ledger: its bookies' `holdings`, and the bookies that deleted it
-    under its tombstone (`deleted_by`)."""
+    under its tombstone (`deleted_by`). `answered`: the bookies known to hold of it exactly
+    what `holdings` say (their exports were read); what another bookie holds is unknown, so
+    the entries placed on it are never counted lost (seed 003)."""
     if deleted_by:
         return LedgerRecovery(
             ledger_id,
@@ -109,8 +117,8 @@ def recover_ledger(
         return LedgerRecovery(ledger_id, Verdict.NOT_RECOVERABLE, "no bookie holds it")
     copies = _copies(holdings)
     if copies:
-        return _from_copies(ledger_id, copies, holdings)
-    return _inferred(ledger_id, holdings)
+        return _from_copies(ledger_id, copies, holdings, answered)
+    return _inferred(ledger_id, holdings, answered)
 
 
 def _copies(holdings: Sequence[Holding]) -> list[LedgerMetadata]:
@@ -127,7 +135,10 @@ def _copies(holdings: Sequence[Holding]) -> list[LedgerMetadata]:
 
 
 def _from_copies(
-    ledger_id: LedgerId, copies: list[LedgerMetadata], holdings: Sequence[Holding]
+    ledger_id: LedgerId,
+    copies: list[LedgerMetadata],
+    holdings: Sequence[Holding],
+    answered: Collection[str],
 ) -> LedgerRecovery:
     held = {holding.bookie_id: holding.availability for holding in holdings}
     furthest = max(progress(copy) for copy in copies)
@@ -135,34 +146,20 @@ def _from_copies(
     chosen = (
         candidates[0]
         if len(candidates) == 1
-        else min(candidates, key=lambda copy: (*_misplaced(copy, held), copy.to_bytes()))
+        else min(
+            candidates,
+            key=lambda copy: (*_misplaced(copy, held, answered), copy.to_bytes()),
+        )
     )
-    restored = chosen if chosen.has_end else _reopened(chosen)
-    end = chosen.last_entry_id if chosen.has_end else _last_held(held)
-    notes = ""
-    if chosen.state is LedgerState.DELETED:
-        notes = "soft-deleted when the store was lost: comes back DELETED"
-    return LedgerRecovery(ledger_id, Verdict.EXACT, notes, restored, _lost(restored, held, end))
+    restored = chosen if chosen.has_end else dataclasses.replace(chosen, state=LedgerState.OPEN)
+    notes = SOFT_DELETED if chosen.state is LedgerState.DELETED else ""
+    lost = _lost(restored, held, _end(chosen, held), answered)
+    return LedgerRecovery(ledger_id, Verdict.EXACT, notes, restored, lost)
 
 
-def _reopened(copy: LedgerMetadata) -> LedgerMetadata:
-    """An OPEN or IN_RECOVERY copy as OPEN: its end is for the ledger recovery to find."""
-    return LedgerMetadata(
-        state=LedgerState.OPEN,
-        ensemble_size=copy.ensemble_size,
-        write_quorum=copy.write_quorum,
-        ack_quorum=copy.ack_quorum,
-        segments=copy.segments,
-        digest_type=copy.digest_type,
-        master_key=copy.master_key,
-        ctime_ms=copy.ctime_ms,
-        creator_token=copy.creator_token,
-        custom_metadata=copy.custom_metadata,
-        archived=copy.archived,
-    )
-
-
-def _inferred(ledger_id: LedgerId, holdings: Sequence[Holding]) -> LedgerRecovery:
+def _inferred(
+    ledger_id: LedgerId, holdings: Sequence[Holding], answered: Collection[str]
+) -> LedgerRecovery:
     keys = {holding.master_key for holding in holdings if holding.master_key is not None}
     if len(keys) != 1:
         problem = "its bookies disagree on its master key" if keys else "no master key is held"
@@ -187,7 +184,7 @@ def _inferred(ledger_id: LedgerId, holdings: Sequence[Holding]) -> LedgerRecover
         Verdict.INFERRED,
         "; ".join(notes),
         metadata,
-        _lost(metadata, held, inferred.last_entry_seen),
+        _lost(metadata, held, inferred.last_entry_seen, answered),
     )
 
 
@@ -225,21 +222,46 @@ def _last_held(held: Mapping[str, EntryAvailability]) -> int:
     return max((max(entries) for entries in held.values() if entries), default=-1)
 
 
-def _misplaced(metadata: LedgerMetadata, held: Mapping[str, EntryAvailability]) -> tuple[int, int]:
+def _end(metadata: LedgerMetadata, held: Mapping[str, EntryAvailability]) -> int:
+    """The last entry to account for: the ledger's, else the last one any bookie holds."""
+    return metadata.last_entry_id if metadata.has_end else _last_held(held)
+
+
+def _misplaced(
+    metadata: LedgerMetadata, held: Mapping[str, EntryAvailability], answered: Collection[str]
+) -> tuple[int, int]:
     """How badly a copy fits the data: entries it places where no bookie holds them, then
     entries bookies hold where it does not place them."""
-    end = metadata.last_entry_id if metadata.has_end else _last_held(held)
-    segments = [(segment.first_entry_id, segment.ensemble) for segment in metadata.segments]
-    stray = unexplained(segments, metadata.ensemble_size, metadata.write_quorum, end, held)
-    return len(_lost(metadata, held, end)), sum(len(entries) for entries in stray.values())
+    end = _end(metadata, held)
+    stray = unexplained(
+        _placement(metadata), metadata.ensemble_size, metadata.write_quorum, end, held
+    )
+    return len(_lost(metadata, held, end, answered)), sum(map(len, stray.values()))
 
 
 def _lost(
-    metadata: LedgerMetadata, held: Mapping[str, EntryAvailability], end: int
+    metadata: LedgerMetadata,
+    held: Mapping[str, EntryAvailability],
+    end: int,
+    answered: Collection[str],
 ) -> EntryAvailability:
-    """The entries 0..`end` that no bookie the metadata places them on holds."""
-    segments = [(segment.first_entry_id, segment.ensemble) for segment in metadata.segments]
-    return missing(segments, metadata.ensemble_size, metadata.write_quorum, end, held)
+    """The entries 0..`end` that no bookie the metadata places them on holds, among the
+    bookies that answered: one that did not may hold any of them."""
+    if end < 0:
+        return _NOTHING
+    unknown = {bookie: EntryAvailability.span(0, end) for bookie in metadata.bookies()}
+    known = {bookie: held.get(bookie, _NOTHING) for bookie in answered}
+    return missing(
+        _placement(metadata),
+        metadata.ensemble_size,
+        metadata.write_quorum,
+        end,
+        {**unknown, **known},
+    )
+
+
+def _placement(metadata: LedgerMetadata) -> list[tuple[int, tuple[str, ...]]]:
+    return [(segment.first_entry_id, segment.ensemble) for segment in metadata.segments]
 
 
 def cluster_instance(instances: Mapping[str, str]) -> str:

@@ -13,6 +13,7 @@ metadata to write back, the entries no bookie holds), `cookies/` (each bookie's 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from tally.audit.ledger_batches import whole_ledgers
+from tally.audit.ledger_batches import ledger_starts, whole_ledgers
 from tally.audit.recovery.exports import EXPORT_SCHEMA, export_files
 from tally.audit.schema import from_int64
 from tally.core.availability import EntryAvailability
@@ -121,7 +122,7 @@ def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, 
     decided = (
         rows.repartition(max(cores, 2), "ledger_id", "scope")
         .sortWithinPartitions("ledger_id", "scope", "kind", "bookie_id")
-        .mapInArrow(LedgerDecider(), from_arrow_schema(DECISIONS_SCHEMA))
+        .mapInArrow(LedgerDecider(frozenset(cookies)), from_arrow_schema(DECISIONS_SCHEMA))
     )
     decided.write.mode("overwrite").parquet(str(report / LEDGERS))
     timings = {"decide": time.perf_counter() - started}
@@ -147,47 +148,46 @@ def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, 
 
 
 class LedgerDecider:
-    """The `mapInArrow` function: a ledger's export rows in (sorted), its decision out."""
+    """The `mapInArrow` function: a ledger's export rows in (sorted), its decision out.
+    `exported`: the bookies whose exports are read (what the others hold is unknown)."""
+
+    def __init__(self, exported: frozenset[str]) -> None:
+        self.exported = exported
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for ledgers in whole_ledgers(batches):
             rows = ledgers.to_pylist()
-            decisions = []
-            begin = 0
-            for end in range(1, len(rows) + 1):
-                if end == len(rows) or _key(rows[end]) != _key(rows[begin]):
-                    decisions.append(_decide(rows[begin:end]))
-                    begin = end
+            bounds = itertools.pairwise(ledger_starts(ledgers).tolist())
+            decisions = [self.decide(rows[begin:end]) for begin, end in bounds]
             yield pa.RecordBatch.from_pylist(decisions, DECISIONS_SCHEMA)
 
-
-def _key(row: dict[str, Any]) -> tuple[int, int]:
-    return row["scope"], row["ledger_id"]
-
-
-def _decide(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    first = rows[0]
-    ledger_id = LedgerId(from_int64(first["scope"]), from_int64(first["ledger_id"]))
-    holdings = []
-    for row in rows:
-        if row["kind"] != "ledger":
-            continue
-        try:
-            availability = EntryAvailability.from_bytes(row["availability"])
-        except MalformedData:
-            continue  # an export is read back as written; this one cannot be, so it is not used
-        holdings.append(
-            Holding(
-                row["bookie_id"],
-                availability,
-                row["fenced"],
-                row["last_add_confirmed"],
-                row["master_key"],
-                row["metadata_copy"],
+    def decide(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """One ledger's decision row, from its export rows."""
+        first = rows[0]
+        ledger_id = LedgerId(from_int64(first["scope"]), from_int64(first["ledger_id"]))
+        holdings, unreadable = [], set()
+        for row in rows:
+            if row["kind"] != "ledger":
+                continue
+            try:
+                availability = EntryAvailability.from_bytes(row["availability"])
+            except MalformedData:
+                unreadable.add(row["bookie_id"])  # what that bookie holds is unknown
+                continue
+            holdings.append(
+                Holding(
+                    row["bookie_id"],
+                    availability,
+                    row["fenced"],
+                    row["last_add_confirmed"],
+                    row["master_key"],
+                    row["metadata_copy"],
+                )
             )
-        )
-    deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
-    return decision_row(first, recover_ledger(ledger_id, holdings, deleted_by), len(holdings))
+        deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
+        answered = self.exported - unreadable
+        decision = recover_ledger(ledger_id, holdings, deleted_by, answered)
+        return decision_row(first, decision, len(holdings))
 
 
 def decision_row(first: dict[str, Any], decision: LedgerRecovery, bookies: int) -> dict[str, Any]:
