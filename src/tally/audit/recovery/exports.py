@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,30 +129,34 @@ def export_path(directory: Path, bookie: str) -> Path:
     return directory / f"{bookie.replace(':', '_').replace('/', '_')}{EXPORT_SUFFIX}"
 
 
-def write_export(records: Iterable[StateRecord], path: Path, source: str) -> ExportCounts:
+@contextlib.contextmanager
+def _writing(path: Path, source: str) -> Iterator[ExportWriter]:
+    """An export being written: abandoned, leaving nothing, if anything goes wrong."""
     writer = ExportWriter(path, source)
     try:
-        for record in records:
-            writer.add(record)
-        return writer.finish()
+        yield writer
     except BaseException:
         writer.abandon()
         raise
+
+
+def write_export(records: Iterable[StateRecord], path: Path, source: str) -> ExportCounts:
+    with _writing(path, source) as writer:
+        for record in records:
+            writer.add(record)
+        return writer.finish()
 
 
 async def export_running_bookie(
     address: str, path: Path, *, request_timeout: float = 60.0
 ) -> ExportCounts:
     """Ask the bookie at `address` for its dump WITH_STATE and write it into `path`."""
-    writer = ExportWriter(path, f"bookie {address}")
     connection = await BookieConnection.connect(address, request_timeout=request_timeout)
     try:
-        async for record in connection.state_dump():
-            writer.add(record)
-        return writer.finish()
-    except BaseException:
-        writer.abandon()
-        raise
+        with _writing(path, f"bookie {address}") as writer:
+            async for record in connection.state_dump():
+                writer.add(record)
+            return writer.finish()
     finally:
         await connection.close()
 
