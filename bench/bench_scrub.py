@@ -13,7 +13,7 @@
   each averaged). Goal >= 0.9. The same during a pass at full speed (`tally shell scrub --now`),
   as a diagnostic.
 
-    python bench/bench_scrub.py [--dir D] [--quick] [--mib N]
+    python bench/bench_scrub.py [--dir D] [--quick] [--mib N] [--rates-only]
 
 `--quick` writes 128 MiB instead of 512 MiB per figure; `--mib` sets it. The page cache is
 dropped for the files read (posix_fadvise DONTNEED after an fsync), not the whole machine's.
@@ -201,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (temp)")
     parser.add_argument("--quick", action="store_true", help="128 MiB instead of 512 MiB")
     parser.add_argument("--mib", type=int, default=None, help="MiB written per figure")
+    parser.add_argument(
+        "--rates-only", action="store_true", help="the full-speed rates only (for A/B runs)"
+    )
     args = parser.parse_args(argv)
     total = (args.mib or (128 if args.quick else 512)) * MIB
     scratch = Path(tempfile.mkdtemp(prefix="bench-scrub-", dir=args.dir))
@@ -216,8 +219,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             amount = total if size > 100 else min(total, 32 * MIB)
             rates = scrub_rate_of(scratch, size, amount)
             figures.update({f"{name}_{key}": value for key, value in rates.items()})
-        metadata = init_metadata(scratch)
-        figures.update(adds_while_scrubbing(metadata, scratch, total))
+        if not args.rates_only:
+            metadata = init_metadata(scratch)
+            figures.update(adds_while_scrubbing(metadata, scratch, total))
         figures["cpu_pressure_after_pct"] = cpu_pressure()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -242,6 +246,8 @@ def print_table(figures: dict[str, float]) -> None:
             f"{figures[f'{name}_ratio']:.2f} ({figures[f'{name}_ratio_min']:.2f}-"
             f"{figures[f'{name}_ratio_max']:.2f}) | {'>= 0.7' if name != '100b' else ''} |"
         )
+    if "idle_adds_per_s" not in figures:
+        return  # --rates-only
     idle = figures["idle_adds_per_s"]
     spread = f"{figures['idle_min_adds_per_s']:,.0f}-{figures['idle_max_adds_per_s']:,.0f}"
     busy = figures["default_rate_adds_per_s"]
