@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +27,36 @@ from tally.metadata.stores import open_store
 READY_TIMEOUT = 30.0
 
 
+PORTS = range(20_000, 32_768)
+"""Where test processes listen: below Linux's ephemeral range (32768-60999), from which the
+kernel picks the local port of every outgoing connection, so that none can take a port
+between the probe and the process's bind (seen as EADDRINUSE under two test workers)."""
+
+
+def _worker_ports() -> Iterator[int]:
+    """This test worker's share of PORTS (pytest-xdist's workers split it), shuffled, each
+    port once: two workers, or two tests of one, never get the same port."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = len(PORTS) // workers
+    ports = list(PORTS[worker * share : (worker + 1) * share])
+    random.shuffle(ports)
+    return iter(ports)
+
+
+_PORTS = _worker_ports()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port of this worker's share that nothing listens on now."""
+    for port in _PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"every port of this test worker's share of {PORTS} was handed out")
 
 
 def tally(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
