@@ -5,6 +5,7 @@ behind the delete path's back kept and reported until an operator deletes it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -219,7 +220,10 @@ def test_the_delete_lifecycle_runs_by_itself(tmp_path: Path) -> None:
             with pytest.raises(LedgerDeleted):
                 await client.open_ledger(kept, password=PASSWORD)
             restored = await client.undelete_ledger(kept)
-            assert restored.metadata == before
+            assert restored.metadata == dataclasses.replace(
+                before, undeleted_ms=restored.metadata.undeleted_ms
+            )
+            assert restored.metadata.undeleted_ms > 0
             outcome = await client.delete_ledger(doomed, reason="retention")
             assert outcome.tombstone is None  # within its retention: DELETED only
         await asyncio.to_thread(auditor.start)

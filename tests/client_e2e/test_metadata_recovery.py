@@ -2,7 +2,8 @@
 of several shapes, the store's file deleted, `tally cluster recover --apply` (the command a
 user runs), the bookies restarted on the rebuilt store. Every acknowledged entry reads back
 byte for byte, every field of an exact ledger equals the original, the audit finds nothing,
-and a deleted ledger stays deleted."""
+a deleted ledger stays deleted, a soft-deleted one comes back DELETED (and can be undeleted)
+and one undeleted before the loss comes back CLOSED."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from tally.client.config import ClientConfig
 from tally.core.deletion import ClusterSettings
 from tally.core.digest import DigestType, master_key
 from tally.core.entry_format import encode_entry
-from tally.core.errors import NoSuchLedger
+from tally.core.errors import LedgerDeleted, NoSuchLedger
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.metadata_recovery import SOFT_DELETED
 from tally.core.schedule import write_set
 from tally.metadata.cluster_settings import write_settings
 from tally.metadata.tombstones import read_tombstone
@@ -52,6 +54,16 @@ class Written:
     """As the store had it when it was lost (None: written without a store, below)."""
 
 
+@dataclass
+class Shapes:
+    written: list[Written]
+    """Readable after the recovery, each CLOSED."""
+    deleted: LedgerId
+    """Deleted under its tombstone, obeyed by its bookies."""
+    soft: Written
+    """Soft-deleted (DELETED, within its retention) when the store was lost."""
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     with (
@@ -68,10 +80,10 @@ async def append_all(writer: object, count: int, tag: str) -> list[bytes]:
     return entries
 
 
-async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
+async def write_shapes(cluster: Cluster) -> Shapes:
     """Closed, with an ensemble change, 128-bit with custom metadata, recovered after its
-    writer died, left open by its writer; and one deleted (its tombstone obeyed by its
-    bookies)."""
+    writer died, deleted and undeleted, left open by its writer; one deleted (its tombstone
+    obeyed by its bookies) and one soft-deleted."""
     written = []
     async with store_session(cluster.uri) as store:
         await write_settings(store, ClusterSettings(ledger_delete_retention=0))
@@ -108,6 +120,22 @@ async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
         await append_all(doomed, 5, "doomed")
         await doomed.close()
         await client.delete_ledger(doomed.ledger_id)
+        async with store_session(cluster.uri) as store:
+            await write_settings(store, ClusterSettings(ledger_delete_retention=3600))
+
+        soft_deleted = await client.create_ledger(
+            ensemble_size=3, write_quorum=2, password=PASSWORD
+        )
+        soft = Written(soft_deleted.ledger_id, await append_all(soft_deleted, 9, "soft"))
+        await soft_deleted.close()
+        await client.delete_ledger(soft.ledger_id, reason="retention")
+        soft.metadata = (await client.context.ledgers.read_ledger_metadata(soft.ledger_id)).metadata
+
+        revived = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        written.append(Written(revived.ledger_id, await append_all(revived, 6, "revived")))
+        await revived.close()
+        await client.delete_ledger(revived.ledger_id, reason="by mistake")
+        await client.undelete_ledger(revived.ledger_id)
 
         left_open = await client.create_ledger(
             ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
@@ -124,7 +152,7 @@ async def write_shapes(cluster: Cluster) -> tuple[list[Written], LedgerId]:
         return found is None or not found.tombstone.pending
 
     await until(obeyed, "every bookie of the deleted ledger obeyed its tombstone", timeout=30)
-    return written, doomed.ledger_id
+    return Shapes(written, doomed.ledger_id, soft)
 
 
 async def write_without_copies(cluster: Cluster) -> Written:
@@ -153,9 +181,9 @@ def lose_the_store(cluster: Cluster) -> None:
         path.unlink()
 
 
-async def check_recovered(cluster: Cluster, written: list[Written], deleted: LedgerId) -> None:
+async def check_recovered(cluster: Cluster, shapes: Shapes) -> None:
     async with Client(cluster.uri, config=CONFIG) as client:
-        for record in written:
+        for record in shapes.written:
             reader = await client.open_ledger(record.ledger_id, password=PASSWORD)
             got = await read_all(reader)
             assert [got[n] for n in range(len(record.entries))] == record.entries, record
@@ -167,7 +195,7 @@ async def check_recovered(cluster: Cluster, written: list[Written], deleted: Led
                 continue
             for name in (
                 "ensemble_size", "write_quorum", "ack_quorum", "segments", "digest_type",
-                "master_key", "ctime_ms", "creator_token", "custom_metadata",
+                "master_key", "ctime_ms", "creator_token", "custom_metadata", "undeleted_ms",
             ):  # fmt: skip
                 assert getattr(now, name) == getattr(original, name), (record, name)
             if original.state is LedgerState.CLOSED:
@@ -178,15 +206,27 @@ async def check_recovered(cluster: Cluster, written: list[Written], deleted: Led
             else:  # recovered: every acknowledged entry kept
                 assert now.last_entry_id >= len(record.entries) - 1
         with pytest.raises(NoSuchLedger):
-            await client.open_ledger(deleted, password=PASSWORD)
+            await client.open_ledger(shapes.deleted, password=PASSWORD)
+        soft = (await client.context.ledgers.read_ledger_metadata(shapes.soft.ledger_id)).metadata
+        assert soft == shapes.soft.metadata
+        with pytest.raises(LedgerDeleted):
+            await client.open_ledger(shapes.soft.ledger_id, password=PASSWORD)
+
+
+async def undelete_and_read(cluster: Cluster, soft: Written) -> None:
+    """The soft-deleted ledger came back as it was: an undelete makes it readable."""
+    async with Client(cluster.uri, config=CONFIG) as client:
+        await client.undelete_ledger(soft.ledger_id)
+        got = await read_all(await client.open_ledger(soft.ledger_id, password=PASSWORD))
+    assert [got[n] for n in range(len(soft.entries))] == soft.entries
 
 
 @pytest.mark.timeout(600)
 def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_path: Path) -> None:
     """A plain test (Spark runs three times): its deadline is pytest's, not the directory's
     for async tests."""
-    written, deleted = run(write_shapes(cluster), DEADLINE)
-    written.append(run(write_without_copies(cluster)))
+    shapes = run(write_shapes(cluster), DEADLINE)
+    shapes.written.append(run(write_without_copies(cluster)))
     lose_the_store(cluster)
     report = tmp_path / "report"
     addresses = ",".join(bookie.address for bookie in cluster.bookies)
@@ -198,26 +238,29 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
     assert "Traceback" not in applied.stderr
     summary = json.loads((report / "summary.json").read_text())
     assert summary["ledgers"] == {
-        "exact": 5,
+        "exact": 7,
         "inferred": 1,
         "deleted": 1,
         "not_recoverable": 0,
     }, summary
     assert summary["needs_recovery"] == 2  # the one left open, and the inferred one
     assert "2 ledgers recovered" in applied.stdout, applied.stdout
+    soft_name = shapes.soft.ledger_id.qualified_name
+    assert f"ledger {soft_name}: exact: {SOFT_DELETED}" in applied.stdout, applied.stdout
     for bookie in cluster.bookies:
         bookie.stop()
     cluster.restart([bookie.address for bookie in cluster.bookies])
-    run(check_recovered(cluster, written, deleted), DEADLINE)
+    run(check_recovered(cluster, shapes), DEADLINE)
 
     async def again() -> Applied:
         async with store_session(cluster.uri) as store:
             return await apply_recovery(store, report)
 
     repeated = run(again(), DEADLINE)
-    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 6), repeated
+    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 8), repeated
     assert repeated.recovery_failed == {}
-    run(check_recovered(cluster, written, deleted), DEADLINE)
+    run(check_recovered(cluster, shapes), DEADLINE)
+    run(undelete_and_read(cluster, shapes.soft), DEADLINE)
 
     snapshot, audit = tmp_path / "snapshot", tmp_path / "audit"
     taken = tally(
@@ -263,7 +306,7 @@ def test_a_lost_zookeeper_store_is_rebuilt_from_stopped_bookies_exports(
         assert made.returncode == 0, made.stderr
         with environment({"TALLY_BOOKIE_GC_WAIT_TIME": "1"}):
             cluster.start(4)
-        written, deleted = run(write_shapes(cluster), DEADLINE)
+        shapes = run(write_shapes(cluster), DEADLINE)
         for bookie in cluster.bookies:
             bookie.stop()
         wiped = tally("cluster", "nuke", "--metadata", uri, "--force", timeout=60)
@@ -285,7 +328,7 @@ def test_a_lost_zookeeper_store_is_rebuilt_from_stopped_bookies_exports(
         assert "run again once their bookies answer" in applied.stderr
         assert "Traceback" not in applied.stderr
         summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-        assert summary["ledgers"]["exact"] == len(written), summary
+        assert summary["ledgers"]["exact"] == len(shapes.written) + 1, summary
         assert summary["ledgers"]["deleted"] == 1, summary
         cluster.restart([bookie.address for bookie in cluster.bookies])
 
@@ -295,7 +338,7 @@ def test_a_lost_zookeeper_store_is_rebuilt_from_stopped_bookies_exports(
 
         finished = run(again(), DEADLINE)
         assert (finished.ledgers_written, finished.recovered) == (0, 1), finished
-        run(check_recovered(cluster, written, deleted), DEADLINE)
+        run(check_recovered(cluster, shapes), DEADLINE)
     finally:
         cluster.shutdown()
         zookeeper.stop()

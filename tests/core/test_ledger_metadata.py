@@ -138,7 +138,8 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
     )
     state = draw(st.sampled_from(LedgerState))
     last_entry_id, length = -1, 0
-    if state in (LedgerState.CLOSED, LedgerState.DELETED):
+    has_end = state in (LedgerState.CLOSED, LedgerState.DELETED)
+    if has_end:
         last_entry_id = firsts[-1] - 1 + draw(st.integers(0, 1 << 40))
         if last_entry_id >= 0:
             length = draw(st.integers(0, INT64_MAX))
@@ -167,6 +168,7 @@ def metadatas(draw: st.DrawFn) -> LedgerMetadata:
         ),
         archived=state is not LedgerState.OPEN and draw(st.booleans()),
         deletion=deletion,
+        undeleted_ms=draw(st.integers(0, INT64_MAX)) if has_end else 0,
     )
 
 
@@ -575,6 +577,12 @@ def test_bytes_follow_the_documented_layout() -> None:
         version=2,
     )
     assert LedgerMetadata.from_bytes(deleted.to_bytes()) == deleted
+    # Version 3 adds 0x04, an undelete time follows; written only for a ledger undeleted.
+    undeleted = deleted.undeleted(now_ms=5_000)
+    assert undeleted.to_bytes() == seal(
+        v1_body(state=3, **fields) + b"\x05" + struct.pack(">q", 5_000), version=3
+    )
+    assert LedgerMetadata.from_bytes(undeleted.to_bytes()) == undeleted
 
 
 @settings(max_examples=300, deadline=None)
@@ -640,7 +648,7 @@ def test_garbage_inside_a_checksummed_body_is_refused() -> None:
         LedgerMetadata.from_bytes(seal(v1_body() + b"\x00\x00"))
 
 
-@pytest.mark.parametrize("version", [3, 7, 0xFFFF])
+@pytest.mark.parametrize("version", [4, 7, 0xFFFF])
 def test_newer_versions_are_refused_with_a_clear_message(version: int) -> None:
     data = seal(v1_body(), version=version)
     with pytest.raises(MalformedData) as raised:
@@ -652,8 +660,8 @@ def test_newer_versions_are_refused_with_a_clear_message(version: int) -> None:
 
 
 def test_newer_versions_are_refused_before_their_header_is_read() -> None:
-    with pytest.raises(MalformedData, match="version 3 is newer"):
-        LedgerMetadata.from_bytes(b"TLYM\x00\x03")
+    with pytest.raises(MalformedData, match="version 4 is newer"):
+        LedgerMetadata.from_bytes(b"TLYM\x00\x04")
 
 
 def test_version_zero_and_foreign_data_are_refused() -> None:
@@ -783,6 +791,7 @@ def test_to_dict() -> None:
         "custom_metadata": {"app": "00ff", "ns": b"tenant".hex()},
         "archived": False,
         "deletion": None,
+        "undeleted_ms": 0,
         "segments": [
             {"first_entry_id": 0, "last_entry_id": 9, "ensemble": list(E3)},
             {
@@ -830,7 +839,24 @@ def test_delete_then_undelete_gives_back_the_same_closed_ledger() -> None:
         "violations": 0,
         "detail": "all copies there",
     }
-    assert deleted.undeleted() == closed
+    undeleted = deleted.undeleted(now_ms=5_000)
+    assert undeleted == dataclasses.replace(closed, undeleted_ms=5_000)
+    assert undeleted.to_dict()["undeleted_ms"] == 5_000
+
+
+def test_a_delete_and_an_undelete_are_timed_in_their_order_whatever_the_clocks() -> None:
+    deleted = closed_ledger().deleted(Deletion(9_000, "retention"))
+    undeleted = deleted.undeleted(now_ms=4_000)  # the undeleting client's clock is behind
+    assert undeleted.undeleted_ms == 9_001
+    deleted_again = undeleted.deleted(Deletion(2_000, "again"))
+    assert deleted_again.deletion is not None
+    assert deleted_again.deletion.time_ms == 9_002
+    assert deleted_again.undeleted(now_ms=20_000).undeleted_ms == 20_000
+
+
+def test_only_a_ledger_with_an_end_has_an_undelete_time() -> None:
+    with pytest.raises(BadRequest, match="an OPEN ledger cannot have been undeleted"):
+        dataclasses.replace(open_ledger(), undeleted_ms=1)
 
 
 @pytest.mark.parametrize("state", [LedgerState.OPEN, LedgerState.IN_RECOVERY])
@@ -841,7 +867,7 @@ def test_only_a_closed_ledger_can_be_deleted_or_archived(state: LedgerState) -> 
     with pytest.raises(InvalidMetadataTransition, match="only a CLOSED ledger"):
         metadata.with_archived()
     with pytest.raises(InvalidMetadataTransition, match="not DELETED"):
-        metadata.undeleted()
+        metadata.undeleted(now_ms=1)
 
 
 def test_a_deleted_ledger_refuses_every_other_transition() -> None:
@@ -872,5 +898,15 @@ def test_version_1_metadata_reads_as_not_archived_and_not_deleted() -> None:
 
 def test_unknown_flags_are_refused() -> None:
     body = closed_ledger().to_bytes()[14:]
-    with pytest.raises(MalformedData, match="unknown flags 0x04"):
+    with pytest.raises(MalformedData, match="unknown flags 0x04 in format version 2"):
         LedgerMetadata.from_bytes(seal(body[:-1] + b"\x04", version=2))
+    with pytest.raises(MalformedData, match="unknown flags 0x08 in format version 3"):
+        LedgerMetadata.from_bytes(seal(body[:-1] + b"\x08", version=3))
+    with pytest.raises(MalformedData, match="format version 3 without an undelete time"):
+        LedgerMetadata.from_bytes(seal(body, version=3))
+
+
+def test_a_flagged_undelete_time_must_be_after_1970() -> None:
+    body = closed_ledger().to_bytes()[14:]
+    with pytest.raises(MalformedData, match="undelete time 0: flagged"):
+        LedgerMetadata.from_bytes(seal(body[:-1] + b"\x04" + bytes(8), version=3))

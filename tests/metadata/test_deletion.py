@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -71,8 +72,8 @@ async def test_a_soft_delete_keeps_the_metadata_and_undelete_restores_it(backend
         again = await delete(store, record.ledger_id, now_ms=5_000)
         assert again.plan is DeletePlan.ALREADY_DELETED
         assert again.deletion.time_ms == 1_000
-        restored = await deletion.undelete_ledger(manager, record.ledger_id)
-        assert restored.metadata == record.metadata
+        restored = await deletion.undelete_ledger(manager, record.ledger_id, now_ms=500)
+        assert restored.metadata == dataclasses.replace(record.metadata, undeleted_ms=1_001)
         assert await deletion.read_undeleted(manager, record.ledger_id) == restored
 
 
@@ -90,7 +91,7 @@ async def test_retention_zero_writes_the_tombstone_at_once(backend: Backend) -> 
         with pytest.raises(LedgerDeleted, match="only its tombstone is left"):
             await deletion.read_existing(manager, record.ledger_id)
         with pytest.raises(LedgerDeleted, match="past its retention"):
-            await deletion.undelete_ledger(manager, record.ledger_id)
+            await deletion.undelete_ledger(manager, record.ledger_id, now_ms=2_000)
         with pytest.raises(LedgerDeleted):
             await delete(store, record.ledger_id)
         with pytest.raises(NoSuchLedger):

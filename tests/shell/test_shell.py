@@ -334,6 +334,8 @@ def test_deleteledger_soft_deletes_and_undeleteledger_restores(cluster: Cluster)
     assert restored.returncode == 0, restored.stderr
     after = ok("ledgermetadata", str(ledger), uri=cluster.uri)
     assert after.pop("metadata_version") == before.pop("metadata_version") + 2
+    assert after.pop("undeleted_ms") > shown["deletion"]["time_ms"]
+    before.pop("undeleted_ms")
     assert after == before
     forced = ok("deleteledger", str(left_open.ledger_id), "--force", uri=cluster.uri)
     assert forced["deletion"]["detail"].startswith("every entry")

@@ -26,7 +26,11 @@ from typing import Self
 from tally.client.bookie_pool import BookiePool
 from tally.client.config import ClientConfig
 from tally.client.context import ClientContext
-from tally.client.deletion import check_before_delete, recovery_for_delete
+from tally.client.deletion import (
+    check_before_delete,
+    give_deletion_copies,
+    recovery_for_delete,
+)
 from tally.client.reader import LedgerReader
 from tally.client.recovery import recover
 from tally.client.writer import LedgerWriter
@@ -223,7 +227,7 @@ class Client:
         bookies drop the data for. `force` recovers and closes an open ledger first (an HMAC
         ledger's recovery takes its `password`)."""
         context = self.context
-        return await deletion.delete_ledger(
+        outcome = await deletion.delete_ledger(
             context.ledgers,
             LedgerId.parse(ledger_id),
             reason=reason,
@@ -232,10 +236,17 @@ class Client:
             recover=recovery_for_delete(context, password),
             check=functools.partial(check_before_delete, context),
         )
+        if outcome.tombstone is None:  # a tombstone reaches the bookies by itself
+            await give_deletion_copies(context, outcome.record)
+        return outcome
 
     async def undelete_ledger(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
         """Bring a DELETED ledger back, unchanged, while it is within its retention."""
-        return await deletion.undelete_ledger(self.context.ledgers, LedgerId.parse(ledger_id))
+        record = await deletion.undelete_ledger(
+            self.context.ledgers, LedgerId.parse(ledger_id), now_ms=int(time.time() * 1000)
+        )
+        await give_deletion_copies(self.context, record)
+        return record
 
     async def set_archived(self, ledger_id: LedgerId | int | str) -> LedgerRecord:
         """Set a closed ledger's archival bit, once an archiver copied it elsewhere."""

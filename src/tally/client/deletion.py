@@ -1,4 +1,5 @@
-"""What the delete path needs bookies for: the last durability check, and forced recovery.
+"""What the delete path needs bookies for: the last durability check, forced recovery, and
+telling the ledger's bookies of a delete or an undelete.
 
 The check at deletion (seed 002, "At the Deletion: validate durability contract") is the
 online replicas check of one ledger: each bookie of its segments says which entries it
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from tally.client.context import ClientContext
+from tally.client.metadata_copies import give_copies
 from tally.client.recovery import recover
 from tally.core.digest import LedgerKeys
 from tally.core.errors import Unauthorized
@@ -53,3 +55,11 @@ def recovery_for_delete(context: ClientContext, password: bytes | None) -> Recov
         return await recover(context, record, keys)
 
     return recover_it
+
+
+async def give_deletion_copies(context: ClientContext, record: LedgerRecord) -> None:
+    """Give every bookie of the ledger a copy of its metadata as a delete or an undelete left
+    it, so that a metadata recovery brings a soft-deleted ledger back DELETED, and an
+    undeleted one CLOSED (best effort, as every copy)."""
+    metadata = record.metadata
+    await give_copies(context, record, metadata.master_key, metadata.bookies())

@@ -18,16 +18,20 @@ Serialized form (big-endian)::
             | uint32 segments, each: int64 first entry id, E x (uint8 n + n bytes UTF-8 bookie id)
             | uint32 custom fields, each: uint16 n + n bytes UTF-8 key, uint32 m + m bytes value,
               keys strictly increasing
-            | uint8 flags (0x01 archived, 0x02 deletion follows)         (version 2 on)
+            | uint8 flags (0x01 archived, 0x02 deletion follows,         (version 2 on)
+                           0x04 undelete time follows)                  (version 3 on)
             | deletion: int64 time (ms) | int64 violations (-1: not checked)
               | uint16 n + n bytes UTF-8 reason | uint16 m + m bytes UTF-8 check detail
+            | undelete: int64 time (ms)
 
 Only the magic and the version are fixed forever: the version is checked before anything
 else, so a later version may change the rest. A later version appends its new fields to the
 end of the body and bumps the version; its reader reads the fields of the version it is
 given and defaults the newer ones, while this reader refuses it with an explicit message
-instead of silently dropping fields on its next write. The store itself has no checksum and
-a flipped byte in a bookie id would silently redirect reads, hence the CRC32C.
+instead of silently dropping fields on its next write. A record is written in the lowest
+version that holds its fields (version 3 only for a ledger once undeleted), so a tally one
+version older reads every other record. The store itself has no checksum and a flipped byte
+in a bookie id would silently redirect reads, hence the CRC32C.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from tally.core.ids import LedgerId
 from tally.core.schedule import check_quorums, write_set
 
 MAGIC = b"TLYM"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 INT64_MAX = (1 << 63) - 1
 MAX_ENSEMBLE_SIZE = 0xFFFF
@@ -76,6 +80,7 @@ _I64 = struct.Struct(">q")
 _DELETION = struct.Struct(">qq")
 _ARCHIVED = 0x01
 _HAS_DELETION = 0x02
+_HAS_UNDELETE = 0x04
 
 
 class LedgerState(enum.IntEnum):
@@ -212,6 +217,10 @@ class LedgerMetadata:
     """Set by an archiver once it copied the ledger elsewhere (BP-31's archival bit); a
     cluster with `delete_requires_archival` deletes only archived ledgers."""
     deletion: Deletion | None = None
+    undeleted_ms: int = 0
+    """When the ledger was last undeleted (0: never), after its deletion's time even when
+    clocks disagree: orders the copies bookies keep of a delete and an undelete
+    (core/metadata_copies.py)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, LedgerState):
@@ -247,6 +256,9 @@ class LedgerMetadata:
             )
         if self.deletion is not None and not isinstance(self.deletion, Deletion):
             raise BadRequest(f"deletion must be a Deletion, not {type(self.deletion).__name__}")
+        _check_int("undelete time (ms)", self.undeleted_ms, 0)
+        if self.undeleted_ms and not self.has_end:
+            raise BadRequest(f"an {self.state.name} ledger cannot have been undeleted")
 
     def _check_segments(self) -> None:
         if not isinstance(self.segments, tuple) or not self.segments:
@@ -477,22 +489,32 @@ class LedgerMetadata:
         return dataclasses.replace(self, archived=True)
 
     def deleted(self, deletion: Deletion) -> LedgerMetadata:
-        """CLOSED -> DELETED (soft delete); deleting a DELETED ledger again changes nothing."""
+        """CLOSED -> DELETED (soft delete); deleting a DELETED ledger again changes nothing.
+        A deletion is timed after the last undelete, whatever the deleting client's clock."""
         if self.state is LedgerState.DELETED:
             return self
         if self.state is not LedgerState.CLOSED:
             raise InvalidMetadataTransition(
                 f"deleting an {self.state.name} ledger refused: close or recover it first"
             )
+        if self.undeleted_ms and deletion.time_ms <= self.undeleted_ms:
+            deletion = dataclasses.replace(deletion, time_ms=self.undeleted_ms + 1)
         return dataclasses.replace(self, state=LedgerState.DELETED, deletion=deletion)
 
-    def undeleted(self) -> LedgerMetadata:
-        """DELETED -> CLOSED, everything else as it was before the delete."""
+    def undeleted(self, now_ms: int) -> LedgerMetadata:
+        """DELETED -> CLOSED, everything else as it was before the delete, and the undelete
+        timed after the deletion whatever the undeleting client's clock."""
         if self.state is not LedgerState.DELETED:
             raise InvalidMetadataTransition(
                 f"undelete refused: the ledger is {self.state.name}, not DELETED"
             )
-        return dataclasses.replace(self, state=LedgerState.CLOSED, deletion=None)
+        assert self.deletion is not None
+        return dataclasses.replace(
+            self,
+            state=LedgerState.CLOSED,
+            deletion=None,
+            undeleted_ms=max(now_ms, self.deletion.time_ms + 1),
+        )
 
     def _refuse_deleted(self, action: str) -> None:
         if self.state is LedgerState.DELETED:
@@ -528,6 +550,7 @@ class LedgerMetadata:
             "custom_metadata": {key: value.hex() for key, value in self.custom_metadata.items()},
             "archived": self.archived,
             "deletion": None if self.deletion is None else self.deletion.to_dict(),
+            "undeleted_ms": self.undeleted_ms,
             "segments": [
                 {"first_entry_id": first, "last_entry_id": last, "ensemble": list(s.ensemble)}
                 for s, (first, last) in zip(self.segments, self.segment_bounds(), strict=True)
@@ -535,7 +558,7 @@ class LedgerMetadata:
         }
 
     def to_bytes(self) -> bytes:
-        """The current format version: header, then the CRC32C-protected body."""
+        """Header, then the CRC32C-protected body, in the lowest version that holds it."""
         parts = [
             _FIXED_V1.pack(
                 self.state,
@@ -562,15 +585,22 @@ class LedgerMetadata:
             encoded = key.encode()
             parts += (_U16.pack(len(encoded)), encoded, _U32.pack(len(value)), value)
         deletion = self.deletion
-        flags = (_ARCHIVED if self.archived else 0) | (_HAS_DELETION if deletion else 0)
+        flags = (
+            (_ARCHIVED if self.archived else 0)
+            | (_HAS_DELETION if deletion else 0)
+            | (_HAS_UNDELETE if self.undeleted_ms else 0)
+        )
         parts.append(_U8.pack(flags))
         if deletion is not None:
             parts.append(_DELETION.pack(deletion.time_ms, deletion.violations))
             for text in (deletion.reason, deletion.detail):
                 encoded = text.encode()
                 parts += (_U16.pack(len(encoded)), encoded)
+        if self.undeleted_ms:
+            parts.append(_I64.pack(self.undeleted_ms))
         body = b"".join(parts)
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION) + _HEADER_V1.pack(len(body), crc32c(body)) + body
+        version = FORMAT_VERSION if self.undeleted_ms else 2
+        return _PREFIX.pack(MAGIC, version) + _HEADER_V1.pack(len(body), crc32c(body)) + body
 
     @classmethod
     def from_bytes(
@@ -696,7 +726,9 @@ def _read_body(reader: _Reader, version: int) -> LedgerMetadata:
             )
         custom[key] = reader.sized(_U32, f"custom metadata value {key!r}")
         previous = key
-    archived, deletion = (False, None) if version < 2 else _read_v2_fields(reader)
+    archived, deletion, undeleted_ms = (
+        (False, None, 0) if version < 2 else _read_flagged_fields(reader, version)
+    )
     return LedgerMetadata(
         state=state,
         ensemble_size=ensemble_size,
@@ -712,17 +744,26 @@ def _read_body(reader: _Reader, version: int) -> LedgerMetadata:
         custom_metadata=custom,
         archived=archived,
         deletion=deletion,
+        undeleted_ms=undeleted_ms,
     )
 
 
-def _read_v2_fields(reader: _Reader) -> tuple[bool, Deletion | None]:
+def _read_flagged_fields(reader: _Reader, version: int) -> tuple[bool, Deletion | None, int]:
     (flags,) = reader.unpack(_U8, "flags")
-    if flags & ~(_ARCHIVED | _HAS_DELETION):
-        raise MalformedData(f"unknown flags 0x{flags:02x}")
+    known = _ARCHIVED | _HAS_DELETION | (_HAS_UNDELETE if version >= 3 else 0)
+    if flags & ~known:
+        raise MalformedData(f"unknown flags 0x{flags:02x} in format version {version}")
     deletion = None
     if flags & _HAS_DELETION:
         time_ms, violations = reader.unpack(_DELETION, "deletion")
         reason = reader.text(_U16, "deletion reason")
         detail = reader.text(_U16, "deletion check detail")
         deletion = Deletion(time_ms, reason, violations, detail)
-    return bool(flags & _ARCHIVED), deletion
+    undeleted_ms = 0
+    if flags & _HAS_UNDELETE:
+        (undeleted_ms,) = reader.unpack(_I64, "undelete time")
+        if undeleted_ms <= 0:
+            raise MalformedData(f"undelete time {undeleted_ms}: flagged, so after 1970")
+    elif version >= 3:  # each record is written in the lowest version that holds it
+        raise MalformedData(f"format version {version} without an undelete time")
+    return bool(flags & _ARCHIVED), deletion, undeleted_ms

@@ -53,7 +53,6 @@ from tally.core.errors import (
     Timeout,
 )
 from tally.core.ids import LedgerId
-from tally.metadata import deletion
 from tally.metadata.auditor_election import who_is_auditor
 from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager
@@ -317,7 +316,8 @@ def create_app(
         ledger_id: LedgerQuery,
     ) -> dict[str, Any]:
         """The ledger's metadata, CLOSED again and otherwise as before the delete."""
-        return ledger_view(await deletion.undelete_ledger(ledgers, LedgerId.parse(ledger_id)))
+        async with Client.sharing(store) as client:
+            return ledger_view(await client.undelete_ledger(LedgerId.parse(ledger_id)))
 
     @app.get("/api/v1/cluster/settings", summary="The cluster settings", responses=_documented(503))
     async def cluster_settings() -> dict[str, Any]:

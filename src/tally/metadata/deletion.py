@@ -69,6 +69,8 @@ class DeleteOutcome:
     deletion: Deletion
     tombstone: TombstoneRecord | None
     """Written at once when the cluster's `ledger_delete_retention` is 0."""
+    record: LedgerRecord
+    """The ledger's DELETED record (the last one, when it was tombstoned at once)."""
 
 
 async def _deleted_error(store: MetadataStore, ledger_id: LedgerId) -> LedgerDeleted | None:
@@ -144,7 +146,7 @@ async def delete_ledger(
     tombstone = None
     if tombstone_due(record.metadata, now_ms, settings.ledger_delete_retention):
         tombstone = await tombstone_ledger(ledgers, record, now_ms)
-    return DeleteOutcome(ledger_id, plan, deletion, tombstone)
+    return DeleteOutcome(ledger_id, plan, deletion, tombstone, record)
 
 
 def _log_deletion(ledger_id: LedgerId, deletion: Deletion, settings: ClusterSettings) -> None:
@@ -166,12 +168,14 @@ def _log_deletion(ledger_id: LedgerId, deletion: Deletion, settings: ClusterSett
     )
 
 
-async def undelete_ledger(ledgers: LedgerManager, ledger_id: LedgerId) -> LedgerRecord:
+async def undelete_ledger(
+    ledgers: LedgerManager, ledger_id: LedgerId, *, now_ms: int
+) -> LedgerRecord:
     """DELETED -> CLOSED, unchanged otherwise; LedgerDeleted once it is a tombstone."""
     record = await read_existing(ledgers, ledger_id)
     try:
         record = await ledgers.update(
-            ledger_id, lambda metadata: metadata.undeleted(), current=record
+            ledger_id, lambda metadata: metadata.undeleted(now_ms), current=record
         )
     except NoSuchLedger:
         error = await _deleted_error(ledgers.store, ledger_id)

@@ -81,11 +81,12 @@ def delete_ledger(
 def undelete_ledger(ledger: Ledger, metadata: Metadata = None) -> None:
     """Bring a DELETED ledger back, unchanged, while it is within its retention."""
 
-    async def undelete(store: MetadataStore) -> str:
-        record = await deletion.undelete_ledger(LedgerManager(store), ledger)
+    async def undelete() -> str:
+        async with open_client(metadata) as client:
+            record = await client.undelete_ledger(ledger)
         return record.metadata.state.name
 
-    state = with_store(metadata, undelete)
+    state = run(undelete)
     typer.echo(f"ledger {ledger} undeleted: it is {state} again")
 
 
