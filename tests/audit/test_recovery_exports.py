@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tally.audit.recovery.exports import EXPORT_SUFFIX, export_files, export_path, write_export
-from tally.audit.recovery.job import read_cookies
+from tally.audit.recovery.job import LedgerDecider, read_cookies
 from tally.audit.schema import from_int64
 from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
+from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.protocol import StateRecord
 from tally.metadata.cookies import Cookie
 from tests.support.processes import tally
@@ -26,7 +28,9 @@ def cookie(bookie_id: str, instance_id: str = "cluster-a") -> StateRecord:
     return StateRecord.cookie_of(Cookie(bookie_id, ("/j", "/l"), instance_id, "inc").to_bytes())
 
 
-def held(ledger_id: LedgerId, copy: bytes | None = b"copy") -> StateRecord:
+def held(
+    ledger_id: LedgerId, copy: bytes | None = b"copy", digest_type: DigestType | None = None
+) -> StateRecord:
     return StateRecord.held(
         ledger_id,
         EntryAvailability.span(0, 4).to_bytes(),
@@ -34,6 +38,7 @@ def held(ledger_id: LedgerId, copy: bytes | None = b"copy") -> StateRecord:
         last_add_confirmed=3,
         master_key=KEY,
         metadata_copy=copy,
+        digest_type=digest_type,
     )
 
 
@@ -42,7 +47,7 @@ def test_an_export_holds_each_record_of_the_dump_under_its_bookie(tmp_path: Path
     records = [
         cookie("a:1"),
         held(LedgerId(0, 1)),
-        held(wide, None),
+        held(wide, None, DigestType.HMAC),
         StateRecord.deleted(LedgerId(0, 9), 1_234),
     ]
     counts = write_export(records, export_path(tmp_path, "127.0.0.1:3181"), "a test")
@@ -58,8 +63,23 @@ def test_an_export_holds_each_record_of_the_dump_under_its_bookie(tmp_path: Path
         KEY,
     )
     assert (rows[1]["metadata_copy"], rows[2]["metadata_copy"]) == (b"copy", None)
+    assert (rows[1]["digest_type"], rows[2]["digest_type"]) == (None, "HMAC")
     assert rows[3]["deleted_ms"] == 1_234
     assert read_cookies(tmp_path)["a:1"].instance_id == "cluster-a"
+
+
+def test_the_digest_type_a_bookie_s_entries_tell_reaches_the_inferred_metadata(
+    tmp_path: Path,
+) -> None:
+    """An export's row, as the job reads it, into the ledger's decision (no Spark)."""
+    ledger_id = LedgerId(0, 1)
+    path = export_path(tmp_path, "a")
+    write_export([cookie("a:1"), held(ledger_id, None, DigestType.CRC32)], path, "a")
+    rows = [row for row in pq.read_table(path).to_pylist() if row["kind"] == "ledger"]
+    decision = LedgerDecider(frozenset({"a:1"})).decide(rows)
+    assert decision["verdict"] == "inferred", decision["reason"]
+    assert LedgerMetadata.from_bytes(decision["metadata"]).digest_type is DigestType.CRC32
+    assert "digest type CRC32 from its entries" in decision["reason"]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tally.core.availability import EntryAvailability
-from tally.core.digest import crc32c
+from tally.core.digest import DigestType, crc32c
 from tally.core.errors import (
     BadDigest,
     BadRequest,
@@ -409,6 +409,7 @@ async def test_a_dump_with_state_gives_the_cookie_and_each_ledger_s_state(
             last_add_confirmed=-1,
             master_key=KEY,
             metadata_copy=None,
+            digest_type=DigestType.CRC32C,  # no copy: its entry tells it
         ),
     }
     assert all(record.kind is StateKind.LEDGER for record in rest)

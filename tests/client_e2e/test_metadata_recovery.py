@@ -42,6 +42,9 @@ CONFIG = ClientConfig(add_entry_timeout=2.0, read_timeout=1.5, session_timeout=5
 RECOVER_TIMEOUT = 300
 DEADLINE = 120.0
 SORTED_BY = ("bookie_id", "kind", "scope", "ledger_id")
+OLD_DIGEST = DigestType.CRC32
+"""The digest type of the ledger written without copies: what its inferred metadata must
+learn from its entries (the client's default, CRC32C, would fail every read)."""
 
 
 @dataclass
@@ -157,8 +160,10 @@ async def write_shapes(cluster: Cluster) -> Shapes:
 
 async def write_without_copies(cluster: Cluster) -> Written:
     """A ledger as a bookie without metadata copies held it: adds only (E3 WQ2), straight
-    to three bookies, in a scope of its own."""
-    ledger_id = LedgerId(0x01D, 7)
+    to three bookies, of entries in format V1 (scope 0, as before BP-34: their digest type is
+    told by checking their CRC) with a CRC32 digest, not the client's default, at an id far
+    past the client's."""
+    ledger_id = LedgerId(0, 1_000_007)
     bookies = [bookie.address for bookie in cluster.bookies[:3]]
     key = master_key(PASSWORD)
     entries = [b"old entry %d" % n for n in range(20)]
@@ -167,7 +172,7 @@ async def write_without_copies(cluster: Cluster) -> Written:
         length = 0
         for entry_id, data in enumerate(entries):
             length += len(data)
-            raw = encode_entry(ledger_id, entry_id, entry_id - 1, length, data, DigestType.CRC32C)
+            raw = encode_entry(ledger_id, entry_id, entry_id - 1, length, data, OLD_DIGEST)
             await asyncio.gather(*(connections[p].add(raw, key) for p in write_set(entry_id, 3, 2)))
     finally:
         for connection in connections:
@@ -192,6 +197,7 @@ async def check_recovered(cluster: Cluster, shapes: Shapes) -> None:
             original = record.metadata
             if original is None:
                 assert (now.ensemble_size, now.write_quorum) == (3, 2)
+                assert now.digest_type is OLD_DIGEST
                 continue
             for name in (
                 "ensemble_size", "write_quorum", "ack_quorum", "segments", "digest_type",
@@ -244,6 +250,9 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
         "not_recoverable": 0,
     }, summary
     assert summary["needs_recovery"] == 2  # the one left open, and the inferred one
+    decided = pq.read_table(report / "ledgers", filters=[("verdict", "=", "inferred")])
+    (inferred,) = decided.to_pylist()
+    assert f"digest type {OLD_DIGEST.name} from its entries" in inferred["reason"], inferred
     assert "2 ledgers recovered" in applied.stdout, applied.stdout
     soft_name = shapes.soft.ledger_id.qualified_name
     assert f"ledger {soft_name}: exact: {SOFT_DELETED}" in applied.stdout, applied.stdout

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import struct
 
 import pytest
@@ -18,6 +19,7 @@ from tally.core.entry_format import (
     encode_entry,
     header_size,
     peek_header,
+    stored_digest_type,
 )
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
@@ -469,3 +471,80 @@ def test_entries_a_bookie_cannot_check_pass_unchecked() -> None:
     short = encode_entry(ledger_id, 1, 0, 3, b"abc", DigestType.CRC32C, format=EntryFormat.V2)
     with pytest.raises(MalformedData):
         check_crc_digest(short[:43])
+
+
+# --- the digest type an entry's bytes tell (a metadata recovery without copies) ----------
+
+CHECKABLE = {DigestType.CRC32, DigestType.CRC32C}
+"""The digest types a V1 entry's bytes tell: the others need the password, or have none."""
+
+
+def told(digest_type: DigestType, format: EntryFormat) -> DigestType | None:
+    """What `stored_digest_type` says of an intact entry."""
+    if format is EntryFormat.V2 or digest_type in CHECKABLE:
+        return digest_type
+    return None
+
+
+@settings(max_examples=300)
+@given(
+    ledger_id=ledger_ids,
+    payload=payloads,
+    digest_type=st.sampled_from(list(DigestType)),
+    format=st.sampled_from(list(EntryFormat)),
+    buffer=buffers,
+)
+def test_an_entry_tells_its_digest_type_by_name_v2_or_by_check_v1(
+    ledger_id: LedgerId,
+    payload: bytes,
+    digest_type: DigestType,
+    format: EntryFormat,
+    buffer: type[bytes] | type[bytearray] | type[memoryview],
+) -> None:
+    assume(format is EntryFormat.V2 or fits_v1(ledger_id))
+    data = encode_entry(ledger_id, 3, 2, len(payload), payload, digest_type, KEY, format)
+    assert stored_digest_type(buffer(data)) == told(digest_type, format)
+
+
+@settings(max_examples=300)
+@given(
+    payload=st.binary(min_size=1, max_size=300),
+    digest_type=st.sampled_from(list(DigestType)),
+    format=st.sampled_from(list(EntryFormat)),
+    where=st.integers(0, 10_000),
+    mask=st.integers(1, 255),
+)
+def test_a_corrupt_entry_tells_its_digest_type_only_if_v2_names_it(
+    payload: bytes, digest_type: DigestType, format: EntryFormat, where: int, mask: int
+) -> None:
+    """Past the header: a V2 entry's flags still name the type (the scrubber finds the
+    corruption); a V1 entry's CRC no longer matches, so it tells nothing."""
+    data = bytearray(sample(digest_type, format, payload=payload))
+    start = header_size(format)
+    data[start + where % (len(data) - start)] ^= mask
+    assert stored_digest_type(data) == (digest_type if format is EntryFormat.V2 else None)
+
+
+@settings(max_examples=200)
+@given(
+    digest_type=st.sampled_from(sorted(CHECKABLE)),
+    where=st.integers(1, header_size(EntryFormat.V1) - 1),
+    mask=st.integers(1, 255),
+)
+def test_a_v1_entry_with_a_corrupt_header_tells_nothing(
+    digest_type: DigestType, where: int, mask: int
+) -> None:
+    """The digest covers the header too; a header made impossible is no entry at all."""
+    data = bytearray(sample(digest_type, EntryFormat.V1))
+    data[where] ^= mask
+    with contextlib.suppress(MalformedData):
+        assert stored_digest_type(data) is None
+
+
+def test_what_is_no_entry_tells_no_digest_type_but_malformed_data() -> None:
+    with pytest.raises(MalformedData):
+        stored_digest_type(b"")
+    with pytest.raises(MalformedData):
+        stored_digest_type(sample(DigestType.CRC32C, EntryFormat.V1)[:20])
+    short = sample(DigestType.CRC32, EntryFormat.V1)[: header_size(EntryFormat.V1) + 3]
+    assert stored_digest_type(short) is None  # a header, but no room for either CRC

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 import pytest
 
 from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
 from tally.core.errors import BadRequest, CookieMismatch
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.metadata_recovery import (
     INFERRED_ACK_QUORUM,
+    INFERRED_DIGEST,
     Holding,
     LedgerRecovery,
     Verdict,
@@ -143,7 +145,48 @@ def test_without_copies_the_ledger_is_inferred_and_comes_back_open() -> None:
     assert decision.metadata.ack_quorum == INFERRED_ACK_QUORUM
     assert decision.metadata.segments == closed.segments
     assert decision.metadata.master_key == closed.master_key
-    assert "digest type assumed" in decision.reason
+    assert decision.metadata.digest_type is INFERRED_DIGEST
+    assert "digest type assumed CRC32C (its entries do not say" in decision.reason
+
+
+def told(found: list[Holding], *digest_types: DigestType | None) -> list[Holding]:
+    """The holdings, each bookie's entries telling the digest type given in turn."""
+    return [
+        dataclasses.replace(holding, digest_type=digest_type)
+        for holding, digest_type in zip(found, digest_types, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_an_inferred_ledger_gets_the_digest_type_its_entries_tell(digest_type: DigestType) -> None:
+    """A bookie that read none, or whose V1 entries do not say, does not count against it."""
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    decision = decide(told(holdings(closed, {}), digest_type, None, digest_type))
+    assert decision.verdict is Verdict.INFERRED
+    assert decision.metadata is not None
+    assert decision.metadata.digest_type is digest_type
+    assert f"digest type {digest_type.name} from its entries" in decision.reason
+    assert "assumed" not in decision.reason
+
+
+def test_entries_that_disagree_on_the_digest_type_leave_it_assumed() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    found = told(holdings(closed, {}), DigestType.CRC32, DigestType.DUMMY, None)
+    decision = decide(found)
+    assert decision.metadata is not None
+    assert decision.metadata.digest_type is INFERRED_DIGEST
+    assert "digest type assumed CRC32C (its bookies' entries disagree: CRC32, DUMMY)" in (
+        decision.reason
+    )
+
+
+def test_a_ledger_with_a_copy_takes_the_copy_s_digest_type() -> None:
+    """What the entries tell is for a ledger without a copy; the copy records the type."""
+    closed = rotating_ledger(3, 2, 2, [], 29, bookies=("a:1", "b:1", "c:1"))
+    found = told(holdings(closed), DigestType.DUMMY, DigestType.DUMMY, DigestType.DUMMY)
+    decision = decide(found)
+    assert decision.verdict is Verdict.EXACT
+    assert decision.metadata == closed
 
 
 def test_a_copy_that_does_not_decode_is_left_out() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tally.core import errors
 from tally.core.availability import EntryAvailability
-from tally.core.digest import crc32c, master_key
+from tally.core.digest import DigestType, crc32c, master_key
 from tally.core.entry_format import INT64_MAX, encode_entry
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
@@ -51,6 +51,7 @@ from tally.core.protocol import (
     WriteLacResponse,
     encode_availability_dump,
 )
+from tally.core.protocol.dump import state_record_parts
 from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 
 KEY = master_key(b"secret")
@@ -108,6 +109,7 @@ state_records = st.one_of(
         last_add_confirmed=lacs,
         master_key=st.one_of(st.none(), keys),
         metadata_copy=st.one_of(st.none(), blobs),
+        digest_type=st.one_of(st.none(), st.sampled_from(DigestType)),
     ),
     st.builds(StateRecord.deleted, ledger_ids, st.integers(0, INT64_MAX)),
 )
@@ -191,6 +193,15 @@ SAMPLE_RESPONSES: list[Response] = [
                 last_add_confirmed=9,
                 master_key=KEY,
                 metadata_copy=b"metadata",
+            ),
+            StateRecord.held(
+                LEDGER,
+                EntryAvailability.span(0, 2).to_bytes(),
+                fenced=False,
+                last_add_confirmed=-1,
+                master_key=KEY,
+                metadata_copy=None,
+                digest_type=DigestType.CRC32,
             ),
             StateRecord.deleted(LEDGER, 1_700_000_000_000),
         ),
@@ -1140,6 +1151,26 @@ def test_a_dump_takes_the_records_of_its_kind_only() -> None:
                 metadata_copy=None,
             )
         )  # fmt: skip
+    with pytest.raises(BadRequest, match="digest type"):
+        with_state.add(
+            StateRecord.held(
+                LEDGER, b"", fenced=False, last_add_confirmed=-1, master_key=None,
+                metadata_copy=None, digest_type=3,  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("digest_type", [None, *DigestType])
+def test_a_ledger_s_digest_type_is_the_upper_nibble_of_its_flags(
+    digest_type: DigestType | None,
+) -> None:
+    """BookKeeper's number, as a V2 entry's flags hold it; 0 where its entries did not say."""
+    record = StateRecord.held(
+        LEDGER, b"", fenced=True, last_add_confirmed=-1, master_key=None, metadata_copy=None,
+        digest_type=digest_type,
+    )  # fmt: skip
+    header, _, _ = state_record_parts(record)
+    assert header[17] == (0 if digest_type is None else digest_type << 4) | 0x1
 
 
 @pytest.mark.parametrize(
@@ -1147,7 +1178,9 @@ def test_a_dump_takes_the_records_of_its_kind_only() -> None:
     [
         (bytes(10), "is cut"),
         (bytes([3]) + bytes(65), "kind 3"),
-        (bytes([1]) + bytes(16) + bytes([0x10]) + bytes(48), "flags 0x10"),
+        (bytes([1]) + bytes(16) + bytes([0x08]) + bytes(48), "flags 0x08"),
+        (bytes([1]) + bytes(16) + bytes([0x50]) + bytes(48), "flags 0x50"),  # digest type 5
+        (bytes([0]) + bytes(16) + bytes([0x30]) + bytes(48), "fields its kind leaves zero"),
         (bytes([1]) + bytes(57) + (5).to_bytes(4, "big") + bytes(4), "declares 5 bytes"),
     ],
 )

@@ -7,7 +7,9 @@ V2 with flags whose top bit is always set. The digest covers the header and the 
 so a bookie or a reader detects corruption of any byte it serves.
 
 V1 cannot say which digest it carries, so decoding takes the digest type from the caller
-(the ledger metadata records it); a V2 entry that names another type is refused.
+(the ledger metadata records it); a V2 entry that names another type is refused. Without
+the metadata (a metadata recovery), `stored_digest_type` tells a V1 entry's CRC digest by
+checking which one matches.
 """
 
 from __future__ import annotations
@@ -173,10 +175,9 @@ def decode_entry(
             f"{where} ({head.format.name}) is {len(view)} bytes; header and "
             f"{digest_type.name} digest need {digest_end}"
         )
-    payload = bytes(view[digest_end:])
-    expected = compute(digest_type, key, view[:header_end], payload)
-    if not hmac.compare_digest(expected, view[header_end:digest_end]):
+    if not _digest_matches(view, head.format, digest_type, key):
         raise BadDigest(f"{digest_type.name} digest mismatch in {where} ({head.format.name})")
+    payload = bytes(view[digest_end:])
     if head.length < len(payload):
         raise MalformedData(
             f"{where} has length {head.length}, less than its own payload of {len(payload)} bytes"
@@ -190,6 +191,39 @@ def decode_entry(
         digest_type=digest_type,
         format=head.format,
     )
+
+
+def stored_digest_type(data: Buffer) -> DigestType | None:
+    """The digest type an entry was written with, as far as its bytes tell a bookie: what a
+    metadata recovery gives a ledger of which no bookie holds a metadata copy.
+
+    A V2 entry names it in its flags, and that name is the answer whether or not the digest
+    matches: finding corrupt entries is the scrubber's job, not this one's. A V1 entry does
+    not name it: CRC32C if a CRC32C digest of it matches, else CRC32 if a CRC32 one does,
+    else None, for an HMAC digest needs the password and DUMMY has none, so neither can be
+    told from a corrupt entry. MalformedData for bytes that are no entry (see `peek_header`).
+    """
+    view = _as_view(data, "entry")
+    head = peek_header(view)
+    if head.digest_type is not None:
+        return head.digest_type
+    for digest_type in (DigestType.CRC32C, DigestType.CRC32):
+        if _digest_matches(view, EntryFormat.V1, digest_type, b""):
+            return digest_type
+    return None
+
+
+def _digest_matches(
+    view: memoryview, format: EntryFormat, digest_type: DigestType, key: bytes
+) -> bool:
+    """Whether the entry holds `digest_type`'s digest of its header and payload, computed as
+    `encode_entry` computes it: one place for the check, so a decode and a guess agree."""
+    header_end = header_size(format)
+    digest_end = header_end + digest_type.size
+    if len(view) < digest_end:
+        return False
+    expected = compute(digest_type, key, view[:header_end], view[digest_end:])
+    return hmac.compare_digest(expected, view[header_end:digest_end])
 
 
 def check_crc_digest(data: Buffer) -> None:

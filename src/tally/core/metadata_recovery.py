@@ -15,11 +15,15 @@ LAC and master key, and the ledgers they deleted under a tombstone. Per ledger:
 - a ledger without a copy (written before bookies kept them) is *inferred* from which
   bookie holds which entries (core/metadata_inference.py): OPEN, for recovery to close,
   with an ack quorum of 1, which makes recovery the most careful (an entry is only given
-  up when every bookie of its write set says it never had it);
+  up when every bookie of its write set says it never had it), and the digest type its
+  stored entries tell (`entry_format.stored_digest_type`: a V2 entry names it, a V1
+  entry's CRC is checked), else CRC32C, assumed (V1 entries of HMAC or DUMMY, none read, or
+  bookies whose entries disagree);
 - otherwise it is *not recoverable*, and the report says why.
 
-Every decision says what it could not restore (ctime, custom metadata, the digest type) and
-which entries no bookie holds any more. No I/O: the Spark job feeds it each ledger's rows.
+Every decision says what it could not restore (ctime, custom metadata, a digest type the
+entries do not tell) and which entries no bookie holds any more. No I/O: the Spark job feeds
+it each ledger's rows.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ INFERRED_ACK_QUORUM = 1
 SOFT_DELETED = "soft-deleted when the store was lost: comes back DELETED"
 """The reason a ledger restored from a DELETED copy gives (the report lists such ledgers)."""
 INFERRED_DIGEST = DigestType.CRC32C
-"""The digest type an inferred ledger is given: the client's default (the bookies do not
-record it); the report says it was assumed."""
+"""The digest type an inferred ledger is given when its entries do not tell one: the
+client's default; the report says it was assumed."""
 
 
 _NOTHING = EntryAvailability.empty()
@@ -75,6 +79,8 @@ class Holding:
     last_add_confirmed: int
     master_key: bytes | None
     metadata_copy: bytes | None
+    digest_type: DigestType | None = None
+    """The digest type its stored entries tell (read only where it holds no copy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +178,11 @@ def _inferred(
         return LedgerRecovery(
             ledger_id, Verdict.NOT_RECOVERABLE, f"no metadata copy, and {inferred.reason}"
         )
-    metadata = _metadata_of(inferred, keys.pop())
+    digest_type, digest_note = _inferred_digest(holdings)
+    metadata = _metadata_of(inferred, keys.pop(), digest_type)
     notes = [
         f"ack quorum set to {INFERRED_ACK_QUORUM}",
-        f"digest type assumed {INFERRED_DIGEST.name}",
+        digest_note,
         "ctime and custom metadata unknown",
         *inferred.ambiguous,
     ]
@@ -188,7 +195,24 @@ def _inferred(
     )
 
 
-def _metadata_of(inferred: InferredLedger, master_key: bytes) -> LedgerMetadata:
+def _inferred_digest(holdings: Sequence[Holding]) -> tuple[DigestType, str]:
+    """The digest type the bookies' entries tell, if they agree, and the note that says where
+    it came from; else the assumed one, and why."""
+    told = {holding.digest_type for holding in holdings if holding.digest_type is not None}
+    if len(told) == 1:
+        (digest_type,) = told
+        return digest_type, f"digest type {digest_type.name} from its entries"
+    why = (
+        f"its bookies' entries disagree: {', '.join(sorted(t.name for t in told))}"
+        if told
+        else "its entries do not say: HMAC, DUMMY or none read"
+    )
+    return INFERRED_DIGEST, f"digest type assumed {INFERRED_DIGEST.name} ({why})"
+
+
+def _metadata_of(
+    inferred: InferredLedger, master_key: bytes, digest_type: DigestType
+) -> LedgerMetadata:
     segments = tuple(
         Segment(
             segment.first_entry_id,
@@ -205,7 +229,7 @@ def _metadata_of(inferred: InferredLedger, master_key: bytes) -> LedgerMetadata:
         write_quorum=inferred.write_quorum,
         ack_quorum=INFERRED_ACK_QUORUM,
         segments=segments,
-        digest_type=INFERRED_DIGEST,
+        digest_type=digest_type,
         master_key=master_key,
         ctime_ms=0,
         creator_token=b"",

@@ -2,7 +2,8 @@
 
 The rows are a dump WITH_STATE's records (core/protocol/dump.py), the cookie first: one
 row of kind `cookie`, one of kind `ledger` per ledger held (availability, fenced, LAC,
-master key, metadata copy), one of kind `deleted` per ledger deleted under its tombstone.
+master key, metadata copy, and the name of the digest type its entries tell when it has no
+copy), one of kind `deleted` per ledger deleted under its tombstone.
 Every row names the bookie (from its cookie), so that a directory of exports is one table.
 Ledger id halves are stored as audit/schema.py stores them (to_int64).
 
@@ -43,6 +44,7 @@ EXPORT_SCHEMA = pa.schema(
         pa.field("last_add_confirmed", pa.int64(), nullable=False),
         pa.field("master_key", pa.binary(), nullable=True),
         pa.field("metadata_copy", pa.binary(), nullable=True),
+        pa.field("digest_type", pa.string(), nullable=True),
         pa.field("deleted_ms", pa.int64(), nullable=True),
         pa.field("cookie", pa.binary(), nullable=True),
     ]
@@ -95,6 +97,7 @@ class ExportWriter:
                 "last_add_confirmed": record.last_add_confirmed,
                 "master_key": record.master_key,
                 "metadata_copy": record.metadata_copy,
+                "digest_type": None if record.digest_type is None else record.digest_type.name,
                 "deleted_ms": record.deleted_ms if record.kind is StateKind.DELETED else None,
                 "cookie": record.cookie if record.kind is StateKind.COOKIE else None,
             }

@@ -32,6 +32,7 @@ from tally.audit.ledger_batches import ledger_starts, whole_ledgers
 from tally.audit.recovery.exports import EXPORT_SCHEMA, export_files
 from tally.audit.schema import from_int64
 from tally.core.availability import EntryAvailability
+from tally.core.digest import DigestType
 from tally.core.errors import MalformedData
 from tally.core.ids import LedgerId
 from tally.core.metadata_recovery import (
@@ -116,6 +117,7 @@ def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, 
             "last_add_confirmed",
             "master_key",
             "metadata_copy",
+            "digest_type",
         )
     )
     cores = spark.sparkContext.defaultParallelism
@@ -182,12 +184,22 @@ class LedgerDecider:
                     row["last_add_confirmed"],
                     row["master_key"],
                     row["metadata_copy"],
+                    digest_type_named(row["digest_type"]),
                 )
             )
         deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
         answered = self.exported - unreadable
         decision = recover_ledger(ledger_id, holdings, deleted_by, answered)
         return decision_row(first, decision, len(holdings))
+
+
+def digest_type_named(name: str | None) -> DigestType | None:
+    """An export's digest type name as a DigestType; a name this version does not know (an
+    export by a newer one) says no more than none."""
+    try:
+        return None if name is None else DigestType[name]
+    except KeyError:
+        return None
 
 
 def decision_row(first: dict[str, Any], decision: LedgerRecovery, bookies: int) -> dict[str, Any]:

@@ -3,9 +3,10 @@ packed into a stream of frames one frame at a time, and read back from a frame's
 
 A dump asked WITH_STATE (for a metadata recovery, issue 18) has other records, StateRecord:
 first the bookie's cookie, then each ledger held with its availability, fenced flag, LAC,
-master key and the copy of its metadata the bookie was given, then each ledger the bookie
-deleted under its tombstone and still remembers. Every frame of such a dump is flagged
-WITH_STATE, so that its body is read as what it is."""
+master key and the copy of its metadata the bookie was given (or, without a copy, the digest
+type its entries tell), then each ledger the bookie deleted under its tombstone and still
+remembers. Every frame of such a dump is flagged WITH_STATE, so that its body is read as
+what it is."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tally.core.availability import EntryAvailability
-from tally.core.digest import MASTER_KEY_SIZE
+from tally.core.digest import MASTER_KEY_SIZE, DigestType
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.protocol.wire import (
@@ -100,6 +101,14 @@ the cookie (COOKIE)."""
 _FENCED = 0x1
 _HAS_MASTER_KEY = 0x2
 _HAS_COPY = 0x4
+_DIGEST_SHIFT = 4
+_DIGEST_MASK = 0xF0
+"""The flags' upper nibble: the digest type's number (BookKeeper's, as in a V2 entry's flags),
+0 where it is not known."""
+_DIGEST_TYPES: dict[int, DigestType | None] = {0: None} | {
+    digest_type << _DIGEST_SHIFT: digest_type for digest_type in DigestType
+}
+_LEDGER_FLAGS = _FENCED | _HAS_MASTER_KEY | _HAS_COPY | _DIGEST_MASK
 _NO_KEY = bytes(MASTER_KEY_SIZE)
 
 
@@ -116,6 +125,9 @@ class StateRecord:
     metadata_copy: bytes | None = None
     deleted_ms: int = 0
     cookie: bytes = b""
+    digest_type: DigestType | None = None
+    """The digest type the ledger's stored entries tell (`entry_format.stored_digest_type`),
+    None where they do not or none was read."""
 
     @classmethod
     def cookie_of(cls, cookie: bytes) -> StateRecord:
@@ -131,6 +143,7 @@ class StateRecord:
         last_add_confirmed: int,
         master_key: bytes | None,
         metadata_copy: bytes | None,
+        digest_type: DigestType | None = None,
     ) -> StateRecord:
         return cls(
             StateKind.LEDGER,
@@ -140,6 +153,7 @@ class StateRecord:
             last_add_confirmed,
             master_key,
             metadata_copy,
+            digest_type=digest_type,
         )
 
     @classmethod
@@ -165,6 +179,9 @@ def state_record_parts(record: StateRecord) -> tuple[bytes, bytes, bytes]:
     key = record.master_key
     if key is not None and (type(key) is not bytes or len(key) != MASTER_KEY_SIZE):
         raise BadRequest(f"master key of ledger {record.ledger_id} is not {MASTER_KEY_SIZE} bytes")
+    digest_type = record.digest_type
+    if digest_type is not None and not isinstance(digest_type, DigestType):
+        raise BadRequest(f"digest type of ledger {record.ledger_id} is no DigestType")
     payload = record._payload
     for name, value in (("availability", record.availability), ("payload", payload)):
         if type(value) is not bytes or len(value) > U32:
@@ -174,6 +191,7 @@ def state_record_parts(record: StateRecord) -> tuple[bytes, bytes, bytes]:
         (_FENCED if record.fenced else 0)
         | (_HAS_MASTER_KEY if key is not None else 0)
         | (_HAS_COPY if record.metadata_copy is not None else 0)
+        | (0 if digest_type is None else digest_type << _DIGEST_SHIFT)
     )
     header = _STATE_RECORD.pack(
         record.kind,
@@ -216,7 +234,11 @@ def decode_state_records(body: memoryview) -> tuple[StateRecord, ...]:
             record = StateRecord.cookie_of(data)
         elif kind == StateKind.DELETED:
             record = StateRecord.deleted(ledger_id, number)
-        elif kind == StateKind.LEDGER and not flags & ~(_FENCED | _HAS_MASTER_KEY | _HAS_COPY):
+        elif (
+            kind == StateKind.LEDGER
+            and not flags & ~_LEDGER_FLAGS
+            and (flags & _DIGEST_MASK) in _DIGEST_TYPES
+        ):
             record = StateRecord.held(
                 ledger_id,
                 availability,
@@ -224,6 +246,7 @@ def decode_state_records(body: memoryview) -> tuple[StateRecord, ...]:
                 last_add_confirmed=number,
                 master_key=key if flags & _HAS_MASTER_KEY else None,
                 metadata_copy=data if flags & _HAS_COPY else None,
+                digest_type=_DIGEST_TYPES[flags & _DIGEST_MASK],
             )
         else:
             raise MalformedData(f"state record of kind {kind}, flags 0x{flags:02x}: unknown")
