@@ -174,6 +174,7 @@ def write_snapshot(
                 "underreplicated_since_ms": case.since,
                 "archived": case.state == "DELETED",
                 "deleted_ms": created_ms - HOUR if case.state == "DELETED" else None,
+                "metadata": None,
             }
         )
         ends = [first - 1 for first in case.firsts[1:]] + [case.last]
@@ -455,7 +456,8 @@ def test_a_snapshot_of_another_format_is_refused_before_spark_starts(
     shutil.copytree(handmade, old)
     (old / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": NOW, "format_version": 1}))
     shutil.rmtree(old / schema.TOMBSTONES)
-    with pytest.raises(BadRequest, match="has format 1, and this tally reads format 2: take a new"):
+    expected = f"has format 1, and this tally reads format {schema.FORMAT_VERSION}: take a new"
+    with pytest.raises(BadRequest, match=expected):
         schema.require_snapshot(old)
 
 

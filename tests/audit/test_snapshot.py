@@ -177,6 +177,7 @@ def test_snapshot_exports_the_cluster_exactly(
             "underreplicated_since_ms": MARKED_MS if ledger == marked else None,
             "archived": md.archived,
             "deleted_ms": None if md.deletion is None else md.deletion.time_ms,
+            "metadata": md.to_bytes(),
         }
     assert any(row["scope"] < 0 for [row] in ledgers.values())
     [deleted] = [row for [row] in ledgers.values() if row["state"] == "DELETED"]

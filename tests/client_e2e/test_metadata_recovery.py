@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from tally.audit.recovery.apply import Applied, apply_recovery
 from tally.audit.recovery.exports import export_files, export_path, export_running_bookie
+from tally.audit.schema import from_int64
 from tally.client.bookie_connection import BookieConnection
 from tally.client.client import Client
 from tally.client.config import ClientConfig
@@ -27,9 +30,9 @@ from tally.core.entry_format import encode_entry
 from tally.core.errors import LedgerDeleted, NoSuchLedger
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
-from tally.core.metadata_recovery import SOFT_DELETED
+from tally.core.metadata_recovery import FROM_SNAPSHOT, SOFT_DELETED
 from tally.core.schedule import write_set
-from tally.metadata.cluster_settings import write_settings
+from tally.metadata.cluster_settings import read_settings, write_settings
 from tally.metadata.tombstones import read_tombstone
 from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
 from tests.support.async_tests import run
@@ -165,19 +168,45 @@ async def write_without_copies(cluster: Cluster) -> Written:
     past the client's."""
     ledger_id = LedgerId(0, 1_000_007)
     bookies = [bookie.address for bookie in cluster.bookies[:3]]
-    key = master_key(PASSWORD)
     entries = [b"old entry %d" % n for n in range(20)]
-    connections = [await BookieConnection.connect(address) for address in bookies]
+    await add_without_copies(bookies, ledger_id, entries, OLD_DIGEST)
+    return Written(ledger_id, entries)
+
+
+async def add_without_copies(
+    ensemble: list[str], ledger_id: LedgerId, entries: list[bytes], digest_type: DigestType
+) -> int:
+    """Add `entries` to the bookies of `ensemble` as the round-robin schedule of WQ 2 puts
+    them, straight (no writer, so no metadata copy); the ledger's length."""
+    key = master_key(PASSWORD)
+    connections = [await BookieConnection.connect(address) for address in ensemble]
     try:
         length = 0
         for entry_id, data in enumerate(entries):
             length += len(data)
-            raw = encode_entry(ledger_id, entry_id, entry_id - 1, length, data, OLD_DIGEST)
-            await asyncio.gather(*(connections[p].add(raw, key) for p in write_set(entry_id, 3, 2)))
+            raw = encode_entry(ledger_id, entry_id, entry_id - 1, length, data, digest_type)
+            copies = write_set(entry_id, len(ensemble), 2)
+            await asyncio.gather(*(connections[p].add(raw, key) for p in copies))
     finally:
         for connection in connections:
             await connection.close()
-    return Written(ledger_id, entries)
+    return length
+
+
+def recover_from_the_bookies(
+    cluster: Cluster, report: Path, *options: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`tally cluster recover --apply` from all the running bookies, as a user runs it: its
+    outcome and summary.json."""
+    addresses = ",".join(bookie.address for bookie in cluster.bookies)
+    applied = tally(
+        "cluster", "recover", "--metadata", cluster.uri, "--bookies", addresses,
+        "--report", str(report), "--master", "local[2]", "--apply", *options,
+        timeout=RECOVER_TIMEOUT,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr + applied.stdout
+    assert "Traceback" not in applied.stderr
+    return applied, json.loads((report / "summary.json").read_text())
 
 
 def lose_the_store(cluster: Cluster) -> None:
@@ -235,14 +264,7 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
     shapes.written.append(run(write_without_copies(cluster)))
     lose_the_store(cluster)
     report = tmp_path / "report"
-    addresses = ",".join(bookie.address for bookie in cluster.bookies)
-    applied = tally(
-        "cluster", "recover", "--metadata", cluster.uri, "--bookies", addresses,
-        "--report", str(report), "--master", "local[2]", "--apply", timeout=RECOVER_TIMEOUT,
-    )  # fmt: skip
-    assert applied.returncode == 0, applied.stderr + applied.stdout
-    assert "Traceback" not in applied.stderr
-    summary = json.loads((report / "summary.json").read_text())
+    applied, summary = recover_from_the_bookies(cluster, report)
     assert summary["ledgers"] == {
         "exact": 7,
         "inferred": 1,
@@ -358,3 +380,149 @@ def rows_of(exports: Path) -> list[dict[str, object]]:
     return sorted(
         rows, key=lambda row: (row["bookie_id"], row["kind"], row["scope"], row["ledger_id"])
     )
+
+
+@dataclass
+class Taken:
+    """What the snapshot test wrote, around the snapshot."""
+
+    old: Written
+    """In the store, written without copies (an older tally's bookies): only the snapshot
+    has its metadata."""
+    grown: Written
+    """Open at the snapshot; then an ensemble change and a close (the bookies' copies)."""
+    empty: Written
+    """Closed with no entries: no bookie holds any of it."""
+    doomed: LedgerId
+    """In the snapshot, deleted after it."""
+    later: Written
+    """Created after the snapshot."""
+
+
+async def write_around_a_snapshot(cluster: Cluster, snapshot: Path) -> Taken:
+    async with store_session(cluster.uri) as store:
+        await write_settings(
+            store, ClusterSettings(ledger_delete_retention=0, tombstone_retention=7_777)
+        )
+    async with Client(cluster.uri, config=CONFIG) as client:
+        ledgers = client.context.ledgers
+        created = await client.create_ledger(
+            ensemble_size=3, write_quorum=2, password=PASSWORD, custom_metadata={"app": b"old"}
+        )  # no add through the writer: no copy on any bookie
+        ensemble = list(created.metadata.metadata.segments[0].ensemble)
+        entries = [b"before copies %d" % n for n in range(12)]
+        length = await add_without_copies(ensemble, created.ledger_id, entries, DigestType.CRC32C)
+        closed = await ledgers.update(
+            created.ledger_id, lambda metadata: metadata.close(len(entries) - 1, length)
+        )
+        old = Written(created.ledger_id, entries, closed.metadata)
+
+        grown = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        grown_entries = await append_all(grown, 6, "grown")
+        empty = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        await empty.close()
+        doomed = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        await append_all(doomed, 4, "doomed")
+        await doomed.close()
+
+        taken = await asyncio.to_thread(
+            tally, "audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot),
+            timeout=120,
+        )  # fmt: skip
+        assert taken.returncode == 0, taken.stderr
+
+        gone = grown.metadata.metadata.segments[0].ensemble[0]
+        await asyncio.to_thread(cluster.kill, gone)
+        grown_entries += await append_all(grown, 6, "grown later")
+        await grown.close()
+        await asyncio.to_thread(cluster.restart, [gone])
+        await client.delete_ledger(doomed.ledger_id)
+        later = await client.create_ledger(ensemble_size=3, write_quorum=2, password=PASSWORD)
+        later_entries = await append_all(later, 5, "later")
+        await later.close()
+
+        async def now(ledger_id: LedgerId) -> LedgerMetadata:
+            return (await ledgers.read_ledger_metadata(ledger_id)).metadata
+
+        return Taken(
+            old,
+            Written(grown.ledger_id, grown_entries, await now(grown.ledger_id)),
+            Written(empty.ledger_id, [], await now(empty.ledger_id)),
+            doomed.ledger_id,
+            Written(later.ledger_id, later_entries, await now(later.ledger_id)),
+        )
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_store_is_rebuilt_from_a_snapshot_and_the_bookies(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`--from-snapshot`: the snapshot's metadata where the bookies hold no copy (data
+    written before copies, an empty ledger), the bookies' copies where they are newer (a
+    later segment and close, a ledger created after), its tombstones and the bookies' where
+    a ledger was deleted after it, and its cluster settings."""
+    snapshot, report = tmp_path / "snapshot", tmp_path / "report"
+    taken = run(write_around_a_snapshot(cluster, snapshot), DEADLINE)
+
+    async def obeyed() -> bool:
+        async with store_session(cluster.uri) as store:
+            found = await read_tombstone(store, taken.doomed)
+        return found is None or not found.tombstone.pending
+
+    run(until(obeyed, "the bookies obeyed the tombstone", timeout=30), DEADLINE)
+    lose_the_store(cluster)
+    _, summary = recover_from_the_bookies(cluster, report, "--from-snapshot", str(snapshot))
+    assert summary["ledgers"] == {
+        "exact": 4,
+        "inferred": 0,
+        "deleted": 1,
+        "not_recoverable": 0,
+    }, summary
+    assert summary["needs_recovery"] == 0
+    decisions = {
+        LedgerId(from_int64(row["scope"]), from_int64(row["ledger_id"])): row["reason"]
+        for row in pq.read_table(report / "ledgers").to_pylist()
+    }
+    assert decisions[taken.old.ledger_id] == FROM_SNAPSHOT
+    assert decisions[taken.empty.ledger_id].startswith(FROM_SNAPSHOT)
+    assert decisions[taken.grown.ledger_id] == ""
+    for bookie in cluster.bookies:
+        bookie.stop()
+    cluster.restart([bookie.address for bookie in cluster.bookies])
+
+    async def check() -> None:
+        async with Client(cluster.uri, config=CONFIG) as client:
+            for record in (taken.old, taken.grown, taken.empty, taken.later):
+                found = await client.context.ledgers.read_ledger_metadata(record.ledger_id)
+                assert found.metadata == record.metadata, record
+                if record.entries:
+                    reader = await client.open_ledger(record.ledger_id, password=PASSWORD)
+                    got = await read_all(reader)
+                    assert [got[n] for n in range(len(record.entries))] == record.entries
+            with pytest.raises(NoSuchLedger):
+                await client.open_ledger(taken.doomed, password=PASSWORD)
+        async with store_session(cluster.uri) as store:
+            settings = await read_settings(store)
+        assert (settings.ledger_delete_retention, settings.tombstone_retention) == (0, 7_777)
+
+    run(check(), DEADLINE)
+
+
+def test_a_snapshot_of_another_cluster_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    snapshot = tmp_path / "snapshot"
+    taken = tally("audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot))
+    assert taken.returncode == 0, taken.stderr
+    recorded = json.loads((snapshot / "snapshot.json").read_text())
+    recorded["cluster"]["instance_id"] = "another-cluster"
+    (snapshot / "snapshot.json").write_text(json.dumps(recorded))
+    exports = tmp_path / "exports"
+    bookie = cluster.bookies[0]
+    run(export_running_bookie(bookie.address, export_path(exports, bookie.address)))
+    refused = tally(
+        "cluster", "recover", "--exports", str(exports), "--from-snapshot", str(snapshot),
+        "--report", str(tmp_path / "report"),
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr
+    assert "is of cluster another-cluster" in refused.stderr, refused.stderr
+    assert not (tmp_path / "report" / "ledgers").exists()

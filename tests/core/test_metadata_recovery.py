@@ -11,10 +11,12 @@ from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
 from tally.core.errors import BadRequest, CookieMismatch
 from tally.core.ids import LedgerId
-from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.ledger_metadata import Deletion, LedgerMetadata, LedgerState
 from tally.core.metadata_recovery import (
+    FROM_SNAPSHOT,
     INFERRED_ACK_QUORUM,
     INFERRED_DIGEST,
+    SOFT_DELETED,
     Holding,
     LedgerRecovery,
     Verdict,
@@ -232,3 +234,86 @@ def test_the_cookies_must_name_one_cluster() -> None:
         cluster_instance({"a:1": "x", "b:1": "x", "c:1": "y"})
     with pytest.raises(BadRequest, match="no bookie"):
         cluster_instance({})
+
+
+# From an older snapshot of the store (--from-snapshot)
+
+
+def from_snapshot(
+    found: list[Holding], recorded: LedgerMetadata, answered: set[str] | None = None
+) -> LedgerRecovery:
+    """The decision with the snapshot's copy, every bookie holding the ledger having
+    answered unless `answered` says otherwise."""
+    everyone = {holding.bookie_id for holding in found} if answered is None else answered
+    return recover_ledger(LEDGER, found, [], everyone, recorded.to_bytes())
+
+
+def test_the_snapshot_stands_in_for_copies_bookies_never_held() -> None:
+    closed = rotating_ledger(3, 2, 2, [5], 19).with_custom_metadata({"app": b"x"})
+    decision = from_snapshot(holdings(closed, {}), closed)
+    assert decision.verdict is Verdict.EXACT
+    assert decision.metadata == closed
+    assert decision.reason == FROM_SNAPSHOT
+
+
+def test_copies_further_along_than_the_snapshot_supersede_it() -> None:
+    """Taken while the ledger was open on its first ensemble; it changed ensemble and closed
+    after, and the bookies of its last segment hold the closed copy."""
+    then = rotating_ledger(3, 2, 2, [], None)
+    closed = rotating_ledger(3, 2, 2, [10], 19)
+    copies = dict.fromkeys(closed.segments[-1].ensemble, closed)
+    decision = from_snapshot(holdings(closed, copies), then)
+    assert decision.metadata == closed
+    assert decision.reason == ""
+
+
+def test_on_a_tie_the_snapshot_wins_for_what_changed_without_a_copy() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 19)
+    archived = closed.with_archived()  # set by an archiver after the close's copies
+    decision = from_snapshot(holdings(closed), archived)
+    assert decision.metadata == archived
+
+
+def test_a_stale_snapshot_copy_gives_its_fields_to_an_inference() -> None:
+    """The ledger changed ensemble after the snapshot, on bookies that kept no copy: the
+    snapshot's single segment does not place the later entries."""
+    then = rotating_ledger(3, 2, 2, [], None, bookies=("a:1", "b:1", "c:1", "d:1"))
+    then = then.with_custom_metadata({"owner": b"broker-1"})
+    later = rotating_ledger(3, 2, 2, [15], 29, bookies=("a:1", "b:1", "c:1", "d:1"))
+    decision = from_snapshot(holdings(later, {}), then)
+    assert decision.verdict is Verdict.INFERRED
+    assert decision.metadata is not None
+    assert decision.metadata.segments == later.segments
+    assert decision.metadata.custom_metadata == then.custom_metadata
+    assert decision.metadata.ctime_ms == then.ctime_ms
+    assert "the rest from the snapshot" in decision.reason
+
+
+def test_a_snapshot_ledger_no_bookie_holds() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 19, bookies=("a:1", "b:1", "c:1"))
+    everyone = {"a:1", "b:1", "c:1"}
+    gone = recover_ledger(LEDGER, [], [], everyone, closed.to_bytes())
+    assert gone.verdict is Verdict.NOT_RECOVERABLE
+    assert "tombstones forgotten" in gone.reason
+    unknown = recover_ledger(LEDGER, [], [], {"a:1"}, closed.to_bytes())
+    assert unknown.verdict is Verdict.EXACT, "b and c did not answer: they may hold it all"
+    assert unknown.metadata == closed
+    empty = rotating_ledger(3, 2, 2, [], -1, bookies=("a:1", "b:1", "c:1"))
+    kept = recover_ledger(LEDGER, [], [], everyone, empty.to_bytes())
+    assert (kept.verdict, kept.metadata) == (Verdict.EXACT, empty)
+    deleted = closed.deleted(Deletion(5, "retention"))
+    assert recover_ledger(LEDGER, [], [], everyone, deleted.to_bytes()).verdict is (Verdict.DELETED)
+
+
+def test_a_soft_deleted_snapshot_ledger_comes_back_deleted_and_is_listed() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 19)
+    deleted = closed.deleted(Deletion(5, "retention"))
+    decision = from_snapshot(holdings(closed), deleted)
+    assert decision.metadata == deleted
+    assert decision.reason.startswith(SOFT_DELETED)
+
+
+def test_the_snapshot_s_tombstone_keeps_a_ledger_deleted() -> None:
+    closed = rotating_ledger(3, 2, 2, [], 19)
+    decision = recover_ledger(LEDGER, holdings(closed), ["the snapshot"], set(), None)
+    assert decision.verdict is Verdict.DELETED

@@ -21,9 +21,9 @@ import pyarrow as pa
 from tally.core.errors import BadRequest
 from tally.core.ids import UINT64_MAX
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """2: DELETED ledgers with their archival bit and deletion time, tombstones/, and the
-cluster settings in snapshot.json."""
+cluster settings in snapshot.json. 3: each ledger's metadata as the store keeps it."""
 
 LEDGERS = "ledgers"
 SEGMENTS = "segments"
@@ -58,13 +58,17 @@ LEDGERS_SCHEMA = pa.schema(
         pa.field("underreplicated_since_ms", pa.int64(), nullable=True),
         pa.field("archived", pa.bool_(), nullable=False),
         pa.field("deleted_ms", pa.int64(), nullable=True),
+        pa.field("metadata", pa.binary(), nullable=True),
     ]
 )
 """One row per ledger with metadata; state is OPEN / IN_RECOVERY / CLOSED / DELETED,
 last_entry_id -1 when empty or not closed (a DELETED ledger keeps the end it was closed at),
 digest_type a DigestType name (CRC32C, ...), archived the archival bit, deleted_ms when a
-DELETED ledger was deleted (null otherwise). A DELETED ledger keeps its data on purpose until
-its metadata becomes a tombstone: it is neither judged nor orphaned."""
+DELETED ledger was deleted (null otherwise), metadata the ledger's whole metadata as the store
+keeps it (`LedgerMetadata.to_bytes`: master key and custom metadata included, what
+`tally cluster recover --from-snapshot` restores from; null where a synthetic snapshot does
+not make it). A DELETED ledger keeps its data on purpose until its metadata becomes a
+tombstone: it is neither judged nor orphaned."""
 
 SEGMENTS_SCHEMA = pa.schema(
     [

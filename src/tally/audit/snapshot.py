@@ -313,6 +313,7 @@ def _ledger_rows(
         ("underreplicated_since_ms", marked_ms),
         ("archived", metadata.archived),
         ("deleted_ms", None if metadata.deletion is None else metadata.deletion.time_ms),
+        ("metadata", metadata.to_bytes()),
     ):
         ledgers[name].append(value)
     for index, (segment, first, last) in enumerate(metadata.segments_with_bounds()):

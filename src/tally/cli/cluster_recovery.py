@@ -85,6 +85,13 @@ def recover(
             "--exports, the bookies' exports)."
         ),
     ] = Path("recovery-report"),
+    from_snapshot: Annotated[
+        Path | None,
+        typer.Option(
+            help="An older `tally audit snapshot` of this cluster: its ledgers' metadata, "
+            "tombstones and settings, superseded by what changed on the bookies since."
+        ),
+    ] = None,
     apply: Annotated[
         bool,
         typer.Option(
@@ -100,7 +107,8 @@ def recover(
     Every ledger comes back from the copy of its metadata its bookies keep (exact), or is
     inferred from which bookie holds which entries; ledgers not closed come back open and
     are recovered by fencing, never closed from a guess; ledgers a bookie deleted under
-    their tombstone stay deleted. Running it again finishes a run cut short.
+    their tombstone stay deleted. With --from-snapshot, an older snapshot's metadata stands
+    in where the bookies hold no newer copy. Running it again finishes a run cut short.
     """
     from tally.audit.recovery.exports import export_path, export_running_bookie
 
@@ -118,31 +126,34 @@ def recover(
                     asyncio.run(export_running_bookie(address, export_path(exports, address)))
                     progress("bookies exported", done, len(addresses))
         assert exports is not None
-        summary = _decide(exports, report, master)
+        summary = _decide(exports, report, master, from_snapshot)
         _print_summary(summary, report)
         if apply:
             assert uri is not None
             _apply(uri, report)
 
 
-def _decide(exports: Path, report: Path, master: str) -> dict[str, Any]:
+def _decide(exports: Path, report: Path, master: str, snapshot: Path | None) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from tally.audit.checks import spark_session
-    from tally.audit.recovery.job import read_cookies, run_recovery
+    from tally.audit.recovery.job import read_cookies, read_snapshot, run_recovery
     from tally.core.metadata_recovery import cluster_instance
 
-    # Before Spark starts: exports of two clusters are refused in a second, not a minute.
-    cluster_instance(
+    # Before Spark starts: exports of two clusters, or a snapshot of another, are refused in
+    # a second, not a minute.
+    instance_id = cluster_instance(
         {bookie: cookie.instance_id for bookie, cookie in read_cookies(exports).items()}
     )
+    if snapshot is not None:
+        read_snapshot(snapshot, instance_id)
 
     started_here = SparkSession.getActiveSession() is None
     with err.status(f"starting Spark ({master})"):
         spark = spark_session(master)
     try:
         with err.status(f"deciding every ledger of the exports in {exports}"):
-            return run_recovery(spark, exports, report)
+            return run_recovery(spark, exports, report, snapshot)
     finally:
         if started_here:
             spark.stop()
@@ -194,6 +205,7 @@ def _print_summary(summary: dict[str, Any], report: Path) -> None:
 
 def _list_notable(report: Path) -> None:
     """Name the ledgers an operator must look at: not recoverable, soft-deleted, incomplete."""
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     from tally.audit.recovery.job import DECISIONS_SCHEMA, LEDGERS
@@ -205,7 +217,7 @@ def _list_notable(report: Path) -> None:
     notable = (
         (ds.field("verdict") == "not_recoverable")
         | (ds.field("lost_entries") > 0)
-        | (ds.field("reason") == SOFT_DELETED)
+        | pc.starts_with(ds.field("reason"), SOFT_DELETED)
     )
     rows = decisions.to_table(filter=notable).slice(0, SHOWN).to_pylist()
     for row in rows:

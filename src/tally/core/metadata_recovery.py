@@ -21,6 +21,15 @@ LAC and master key, and the ledgers they deleted under a tombstone. Per ledger:
   bookies whose entries disagree);
 - otherwise it is *not recoverable*, and the report says why.
 
+From an older snapshot of the store (`--from-snapshot`), a ledger's metadata there is one
+more copy: the bookies' copies supersede it where they are further along (later segments,
+a close, a delete), it wins ties (it holds what changed without a copy: the archival bit,
+custom metadata), and it stands in for the copies of data written before bookies kept
+them. A snapshot copy that does not place what the bookies hold (a segment added or a
+bookie replaced after it, with no copy) gives its fields to an inference of the rest. A
+ledger no bookie holds comes back from the snapshot unless its bookies all answered and it
+should hold entries (deleted since, its tombstones forgotten, or its data lost).
+
 Every decision says what it could not restore (ctime, custom metadata, a digest type the
 entries do not tell) and which entries no bookie holds any more. No I/O: the Spark job feeds
 it each ledger's rows.
@@ -50,7 +59,9 @@ from tally.core.metadata_inference import (
 INFERRED_ACK_QUORUM = 1
 """The ack quorum of an inferred ledger: recovery then truncates nothing a bookie may hold."""
 SOFT_DELETED = "soft-deleted when the store was lost: comes back DELETED"
-"""The reason a ledger restored from a DELETED copy gives (the report lists such ledgers)."""
+"""The reason a ledger restored from a DELETED copy starts with (the report lists them)."""
+FROM_SNAPSHOT = "from the snapshot"
+"""The note of a ledger whose metadata comes from the snapshot, no bookie's copy."""
 INFERRED_DIGEST = DigestType.CRC32C
 """The digest type an inferred ledger is given when its entries do not tell one: the
 client's default; the report says it was assumed."""
@@ -65,7 +76,8 @@ class Verdict(enum.Enum):
     INFERRED = "inferred"
     """From which bookie holds which entries."""
     DELETED = "deleted"
-    """A bookie deleted it under its tombstone: not brought back."""
+    """A bookie (or the snapshot) holds its tombstone, or nothing is left of a DELETED one:
+    not brought back."""
     NOT_RECOVERABLE = "not_recoverable"
 
 
@@ -108,65 +120,120 @@ def recover_ledger(
     holdings: Sequence[Holding],
     deleted_by: Sequence[str],
     answered: Collection[str],
+    recorded: bytes | None = None,
 ) -> LedgerRecovery:
-    """The decision for one ledger: its bookies' `holdings`, and the bookies that deleted it
-    under its tombstone (`deleted_by`). `answered`: the bookies known to hold of it exactly
-    what `holdings` say (their exports were read); what another bookie holds is unknown, so
-    the entries placed on it are never counted lost (seed 003)."""
+    """The decision for one ledger: its bookies' `holdings`, and who deleted it under its
+    tombstone (`deleted_by`: bookies, or the snapshot). `answered`: the bookies known to hold
+    of it exactly what `holdings` say (their exports were read); what another bookie holds
+    is unknown, so the entries placed on it are never counted lost (seed 003). `recorded`:
+    its metadata in an older snapshot of the store, if one is given and holds it."""
     if deleted_by:
         return LedgerRecovery(
             ledger_id,
             Verdict.DELETED,
             f"deleted under its tombstone (remembered by {', '.join(sorted(deleted_by))})",
         )
+    snapshot = _decoded(recorded)
     if not holdings:
-        return LedgerRecovery(ledger_id, Verdict.NOT_RECOVERABLE, "no bookie holds it")
+        if snapshot is None:
+            return LedgerRecovery(ledger_id, Verdict.NOT_RECOVERABLE, "no bookie holds it")
+        return _held_nowhere(ledger_id, snapshot, answered)
     copies = _copies(holdings)
-    if copies:
-        return _from_copies(ledger_id, copies, holdings, answered)
+    if copies or snapshot is not None:
+        return _from_copies(ledger_id, copies, snapshot, holdings, answered)
     return _inferred(ledger_id, holdings, answered)
 
 
+def _decoded(copy: bytes | None) -> LedgerMetadata | None:
+    """A copy's metadata; None for none, or one that does not decode (the other copies, or
+    an inference, stand in for it)."""
+    if copy is None:
+        return None
+    try:
+        return LedgerMetadata.from_bytes(copy)
+    except (BadRequest, MalformedData):
+        return None
+
+
 def _copies(holdings: Sequence[Holding]) -> list[LedgerMetadata]:
-    """The copies the bookies hold that decode (one that does not is left out: the others,
-    or an inference, stand in for it)."""
-    found = []
-    for copy in {holding.metadata_copy for holding in holdings} - {None}:  # most are alike
-        assert copy is not None
-        try:
-            found.append(LedgerMetadata.from_bytes(copy))
-        except (BadRequest, MalformedData):
-            continue
-    return found
+    """The copies the bookies hold that decode."""
+    found = (_decoded(copy) for copy in {holding.metadata_copy for holding in holdings})
+    return [copy for copy in found if copy is not None]  # most are alike: decoded once
 
 
 def _from_copies(
     ledger_id: LedgerId,
     copies: list[LedgerMetadata],
+    snapshot: LedgerMetadata | None,
     holdings: Sequence[Holding],
     answered: Collection[str],
 ) -> LedgerRecovery:
     held = {holding.bookie_id: holding.availability for holding in holdings}
-    furthest = max(progress(copy) for copy in copies)
-    candidates = [copy for copy in copies if progress(copy) == furthest]
+    candidates = copies if snapshot is None else [*copies, snapshot]
+    furthest = max(progress(copy) for copy in candidates)
+    tied = [copy for copy in candidates if progress(copy) == furthest]
     chosen = (
-        candidates[0]
-        if len(candidates) == 1
+        tied[0]
+        if len(tied) == 1
         else min(
-            candidates,
-            key=lambda copy: (*_misplaced(copy, held, answered), copy.to_bytes()),
+            tied,
+            key=lambda copy: (
+                *_misplaced(copy, held, answered),
+                copy is not snapshot,  # it holds what changed without a copy
+                copy.to_bytes(),
+            ),
         )
     )
+    from_snapshot = chosen is snapshot and chosen not in copies
+    if from_snapshot and _stray(chosen, held):
+        return _inferred(ledger_id, holdings, answered, base=chosen)
     restored = chosen if chosen.has_end else dataclasses.replace(chosen, state=LedgerState.OPEN)
-    notes = SOFT_DELETED if chosen.state is LedgerState.DELETED else ""
+    notes = [SOFT_DELETED] if chosen.state is LedgerState.DELETED else []
+    if from_snapshot:
+        notes.append(FROM_SNAPSHOT)
     lost = _lost(restored, held, _end(chosen, held), answered)
-    return LedgerRecovery(ledger_id, Verdict.EXACT, notes, restored, lost)
+    return LedgerRecovery(ledger_id, Verdict.EXACT, "; ".join(notes), restored, lost)
+
+
+def _held_nowhere(
+    ledger_id: LedgerId, snapshot: LedgerMetadata, answered: Collection[str]
+) -> LedgerRecovery:
+    """A ledger of the snapshot that no bookie holds, nor remembers deleting."""
+    restored = (
+        snapshot if snapshot.has_end else dataclasses.replace(snapshot, state=LedgerState.OPEN)
+    )
+    lost = _lost(restored, {}, _end(snapshot, {}), answered)
+    every_bookie_answered = snapshot.bookies() <= set(answered)
+    if every_bookie_answered and snapshot.state is LedgerState.DELETED:
+        return LedgerRecovery(
+            ledger_id,
+            Verdict.DELETED,
+            "DELETED in the snapshot, and none of its bookies holds any of it any more",
+        )
+    if every_bookie_answered and lost:
+        return LedgerRecovery(
+            ledger_id,
+            Verdict.NOT_RECOVERABLE,
+            "in the snapshot, but none of its bookies holds any of its entries: deleted "
+            "since and its tombstones forgotten (a snapshot older than tombstone_retention), "
+            "or its data lost",
+        )
+    notes = [SOFT_DELETED] if snapshot.state is LedgerState.DELETED else []
+    notes.append(f"{FROM_SNAPSHOT}; no bookie holds any of it")
+    return LedgerRecovery(ledger_id, Verdict.EXACT, "; ".join(notes), restored, lost)
 
 
 def _inferred(
-    ledger_id: LedgerId, holdings: Sequence[Holding], answered: Collection[str]
+    ledger_id: LedgerId,
+    holdings: Sequence[Holding],
+    answered: Collection[str],
+    base: LedgerMetadata | None = None,
 ) -> LedgerRecovery:
+    """Inferred from what the bookies hold; `base` (a snapshot's copy that does not place
+    it) gives the fields the data cannot tell."""
     keys = {holding.master_key for holding in holdings if holding.master_key is not None}
+    if base is not None:
+        keys = {base.master_key}
     if len(keys) != 1:
         problem = "its bookies disagree on its master key" if keys else "no master key is held"
         return LedgerRecovery(
@@ -178,14 +245,25 @@ def _inferred(
         return LedgerRecovery(
             ledger_id, Verdict.NOT_RECOVERABLE, f"no metadata copy, and {inferred.reason}"
         )
-    digest_type, digest_note = _inferred_digest(holdings)
-    metadata = _metadata_of(inferred, keys.pop(), digest_type)
-    notes = [
-        f"ack quorum set to {INFERRED_ACK_QUORUM}",
-        digest_note,
-        "ctime and custom metadata unknown",
-        *inferred.ambiguous,
-    ]
+    metadata = _metadata_of(inferred, keys.pop(), INFERRED_DIGEST)
+    notes = [f"ack quorum set to {INFERRED_ACK_QUORUM}"]
+    if base is None:
+        digest_type, digest_note = _inferred_digest(holdings)
+        metadata = dataclasses.replace(metadata, digest_type=digest_type)
+        notes += [digest_note, "ctime and custom metadata unknown"]
+    else:
+        metadata = dataclasses.replace(
+            metadata,
+            digest_type=base.digest_type,
+            ctime_ms=base.ctime_ms,
+            creator_token=base.creator_token,
+            custom_metadata=base.custom_metadata,
+        )
+        notes.append(
+            "the snapshot's metadata does not place what its bookies hold (a segment added "
+            "or a bookie replaced since): the ensembles inferred, the rest from the snapshot"
+        )
+    notes += inferred.ambiguous
     return LedgerRecovery(
         ledger_id,
         Verdict.INFERRED,
@@ -249,6 +327,16 @@ def _last_held(held: Mapping[str, EntryAvailability]) -> int:
 def _end(metadata: LedgerMetadata, held: Mapping[str, EntryAvailability]) -> int:
     """The last entry to account for: the ledger's, else the last one any bookie holds."""
     return metadata.last_entry_id if metadata.has_end else _last_held(held)
+
+
+def _stray(metadata: LedgerMetadata, held: Mapping[str, EntryAvailability]) -> bool:
+    """Whether bookies hold entries up to the ledger's end (or the last one held) that the
+    metadata does not place on them; entries past a closed ledger's end are no sign."""
+    end = _end(metadata, held)
+    found = unexplained(
+        _placement(metadata), metadata.ensemble_size, metadata.write_quorum, end, held
+    )
+    return any(entries.intersection(EntryAvailability.span(0, end)) for entries in found.values())
 
 
 def _misplaced(

@@ -7,6 +7,8 @@ Absent until an operator changes a setting; until then every reader gets the def
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from tally.core.deletion import ClusterSettings
 from tally.core.errors import NoSuchKey
@@ -23,9 +25,9 @@ def encode_settings(settings: ClusterSettings) -> bytes:
     return json_records.encode(_KIND, settings.to_dict())
 
 
-def decode_settings(data: bytes) -> ClusterSettings:
+def decode_settings(data: bytes, source: str = f"cluster settings {SETTINGS}") -> ClusterSettings:
     """The settings in `data`; fields it lacks (written by an older tally) take defaults."""
-    record = json_records.decode(data, _KIND, _FIELDS, f"cluster settings {SETTINGS}")
+    record = json_records.decode(data, _KIND, _FIELDS, source)
     values: dict[str, int | bool] = {}
     for field in dataclasses.fields(ClusterSettings):
         if field.name in record.names:
@@ -34,6 +36,12 @@ def decode_settings(data: bytes) -> ClusterSettings:
             )
     with json_records.building(record.source):
         return ClusterSettings(**values)  # type: ignore[arg-type]
+
+
+def settings_of(values: Mapping[str, Any], source: str) -> ClusterSettings:
+    """The settings `ClusterSettings.to_dict` gave (a snapshot keeps them so), checked as
+    the store's record is."""
+    return decode_settings(json_records.encode(_KIND, values), source)
 
 
 async def read_settings(store: MetadataStore) -> ClusterSettings:

@@ -1,12 +1,12 @@
 """Write a recovery's decisions into a metadata store: the cluster, the cookies, the ledgers,
 then the ledger recoveries of those that come back OPEN.
 
-Into an empty store, or one just initialised by `tally cluster init` (its new instance id
-is replaced by the bookies', which their cookies name); never over another cluster's
-metadata. Idempotent: a ledger, a cookie already there as recovered is left as it is (a
-ledger a previous run recovered and closed stays closed), so a run cut short is finished by
-running it again. Ledger ids are never handed out again: the id sequence goes on past the
-largest recovered one.
+From a snapshot, the cluster settings it recorded too. Into an empty store, or one just
+initialised by `tally cluster init` (its new instance id is replaced by the bookies', which
+their cookies name); never over another cluster's metadata. Idempotent: a ledger, a cookie
+already there as recovered is left as it is (a ledger a previous run recovered and closed
+stays closed), so a run cut short is finished by running it again. Ledger ids are never
+handed out again: the id sequence goes on past the largest recovered one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tally.audit.recovery.job import (
     LEDGERS,
     SUMMARY_JSON,
 )
-from tally.audit.schema import from_int64
+from tally.audit.schema import CLUSTER_SETTINGS, from_int64
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.client.recovery import recover
@@ -42,6 +42,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.metadata.cluster import ClusterInfo, init_cluster, read_cluster
+from tally.metadata.cluster_settings import settings_of, write_settings
 from tally.metadata.cookies import Cookie, CookieManager
 from tally.metadata.ledger_manager import LedgerManager
 from tally.metadata.paths import CLUSTER
@@ -85,6 +86,8 @@ async def apply_recovery(
     summary = json.loads((report / SUMMARY_JSON).read_text())
     applied = Applied()
     await _cluster(store, summary["instance_id"])
+    if (settings := summary.get(CLUSTER_SETTINGS)) is not None:  # from a snapshot
+        await write_settings(store, settings_of(settings, f"the snapshot's {CLUSTER_SETTINGS}"))
     await _cookies(store, report, applied)
     to_recover = await _ledgers(store, report, applied, progress)
     async with Client.sharing(store, config=client_config) as client:

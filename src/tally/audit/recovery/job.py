@@ -6,6 +6,10 @@ pass (`LedgerDecider`, in `mapInArrow`) hands each ledger's rows to
 `core.metadata_recovery.recover_ledger`. The cookies are few: read on the driver, where the
 cluster's instance id is decided (the bookies must agree) before any ledger is.
 
+From an older audit snapshot (`--from-snapshot`), its ledgers join the exports' rows as
+one more copy each (kind `snapshot`), and its tombstones as deletions (kind `deleted`, by
+`SNAPSHOT`); its cluster must be the bookies', and its cluster settings are written back.
+
 Out, under the report directory: `ledgers/` (one row per ledger: its verdict, why, the
 metadata to write back, the entries no bookie holds), `cookies/` (each bookie's cookie) and
 `summary.json`, whose counts `tally cluster recover` prints.
@@ -24,16 +28,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from tally.audit import schema
 from tally.audit.ledger_batches import ledger_starts, whole_ledgers
 from tally.audit.recovery.exports import EXPORT_SCHEMA, export_files
 from tally.audit.schema import from_int64
 from tally.core.availability import EntryAvailability
 from tally.core.digest import DigestType
-from tally.core.errors import MalformedData
+from tally.core.errors import BadRequest, CookieMismatch, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.metadata_recovery import (
     Holding,
@@ -60,6 +65,8 @@ DECISIONS_SCHEMA = pa.schema(
         pa.field("bookies", pa.int32(), nullable=False),
     ]
 )
+SNAPSHOT = "the snapshot"
+"""Who a deletion row of the snapshot's tombstones names, in the place of a bookie."""
 COOKIES_SCHEMA = pa.schema(
     [
         pa.field("bookie_id", pa.string(), nullable=False),
@@ -86,15 +93,40 @@ def read_cookies(exports: Path) -> dict[str, Cookie]:
     return cookies
 
 
-def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, Any]:
-    """Decide every ledger of the exports in `exports` into `report`; the summary.
+def read_snapshot(snapshot: Path, instance_id: str) -> dict[str, Any]:
+    """The snapshot's snapshot.json, once it is known to be of the bookies' cluster and to
+    hold every ledger's metadata (no Spark needed)."""
+    schema.require_snapshot(snapshot)
+    taken = json.loads((snapshot / schema.SNAPSHOT_JSON).read_text())
+    recorded = taken.get("cluster", {}).get("instance_id")
+    if recorded != instance_id:
+        raise CookieMismatch(
+            f"the snapshot at {snapshot} is of cluster {recorded}, and the bookies' cookies "
+            f"name cluster {instance_id}: give a snapshot of this cluster, or none"
+        )
+    ledgers = ds.dataset(str(snapshot / schema.LEDGERS), schema=schema.LEDGERS_SCHEMA)
+    if ledgers.count_rows(filter=ds.field("metadata").is_null()):
+        raise BadRequest(
+            f"the snapshot at {snapshot} lacks ledger metadata (a synthetic snapshot?): "
+            "recover from one `tally audit snapshot` took"
+        )
+    return dict(taken)
 
-    CookieMismatch (before any ledger is decided) if the cookies name several clusters."""
+
+def run_recovery(
+    spark: SparkSession, exports: Path, report: Path, snapshot: Path | None = None
+) -> dict[str, Any]:
+    """Decide every ledger of the exports in `exports` (and of the `snapshot`) into `report`;
+    the summary.
+
+    CookieMismatch (before any ledger is decided) if the cookies name several clusters, or
+    the snapshot another one."""
     started = time.perf_counter()
     cookies = read_cookies(exports)
     instance_id = cluster_instance(
         {bookie_id: cookie.instance_id for bookie_id, cookie in cookies.items()}
     )
+    taken = None if snapshot is None else read_snapshot(snapshot, instance_id)
     report.mkdir(parents=True, exist_ok=True)
     (report / COOKIES).mkdir(exist_ok=True)
     pq.write_table(
@@ -120,6 +152,8 @@ def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, 
             "digest_type",
         )
     )
+    if snapshot is not None:
+        rows = rows.unionByName(_snapshot_rows(spark, snapshot))
     cores = spark.sparkContext.defaultParallelism
     decided = (
         rows.repartition(max(cores, 2), "ledger_id", "scope")
@@ -142,11 +176,49 @@ def run_recovery(spark: SparkSession, exports: Path, report: Path) -> dict[str, 
         "needs_recovery": sum(decisions["needs_recovery"]),
         "incomplete": sum(1 for count in lost if count),
         "lost_entries": sum(lost),
+        **({} if taken is None else _from_snapshot(snapshot, taken)),
         "seconds": round(time.perf_counter() - started, 3),
         "timings": {stage: round(seconds, 3) for stage, seconds in timings.items()},
     }
     (report / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _snapshot_rows(spark: SparkSession, snapshot: Path) -> DataFrame:
+    """The snapshot's ledgers as copies (kind `snapshot`) and its tombstones as deletions,
+    in the exports' columns."""
+    nothing = {
+        "availability": F.lit(b""),
+        "fenced": F.lit(False),
+        "last_add_confirmed": F.lit(-1).cast("long"),
+        "master_key": F.lit(None).cast("binary"),
+        "digest_type": F.lit(None).cast("string"),
+    }
+    ledgers = spark.read.parquet(str(snapshot / schema.LEDGERS)).select(
+        "scope",
+        "ledger_id",
+        F.lit("snapshot").alias("kind"),
+        F.lit("").alias("bookie_id"),
+        *(value.alias(name) for name, value in nothing.items()),
+        F.col("metadata").alias("metadata_copy"),
+    )
+    tombstones = spark.read.parquet(str(snapshot / schema.TOMBSTONES)).select(
+        "scope",
+        "ledger_id",
+        F.lit("deleted").alias("kind"),
+        F.lit(SNAPSHOT).alias("bookie_id"),
+        *(value.alias(name) for name, value in nothing.items()),
+        F.lit(None).cast("binary").alias("metadata_copy"),
+    )
+    return ledgers.unionByName(tombstones)
+
+
+def _from_snapshot(snapshot: Path | None, taken: dict[str, Any]) -> dict[str, Any]:
+    """What the summary says of the snapshot, and the cluster settings to write back."""
+    return {
+        "snapshot": {"path": str(snapshot), "created_ms": taken.get("created_ms")},
+        schema.CLUSTER_SETTINGS: taken.get(schema.CLUSTER_SETTINGS),
+    }
 
 
 class LedgerDecider:
@@ -188,8 +260,9 @@ class LedgerDecider:
                 )
             )
         deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
+        recorded = next((row["metadata_copy"] for row in rows if row["kind"] == "snapshot"), None)
         answered = self.exported - unreadable
-        decision = recover_ledger(ledger_id, holdings, deleted_by, answered)
+        decision = recover_ledger(ledger_id, holdings, deleted_by, answered, recorded)
         return decision_row(first, decision, len(holdings))
 
 

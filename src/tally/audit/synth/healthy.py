@@ -221,6 +221,7 @@ def _ledger_table(rng: np.random.Generator, shape: _Shape) -> pa.Table:
             "underreplicated_since_ms": pa.nulls(int(keep.sum()), pa.int64()),
             "archived": np.zeros(int(keep.sum()), np.bool_),
             "deleted_ms": pa.nulls(int(keep.sum()), pa.int64()),
+            "metadata": pa.nulls(int(keep.sum()), pa.binary()),
         },
         schema=schema.LEDGERS_SCHEMA,
     )

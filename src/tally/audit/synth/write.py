@@ -185,6 +185,7 @@ def _rows(
         "underreplicated_since_ms": [ledger.underreplicated_since_ms],
         "archived": [metadata.archived],
         "deleted_ms": [None if metadata.deletion is None else metadata.deletion.time_ms],
+        "metadata": [None],  # a healthy chunk's ledgers have none either
     }
     bounds = metadata.segment_bounds()
     firsts = [first for first, _ in bounds]
