@@ -35,6 +35,7 @@ from tally.core.schedule import write_set
 from tally.metadata.cluster_settings import read_settings, write_settings
 from tally.metadata.tombstones import read_tombstone
 from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
+from tests.client_e2e.conftest import writer_process
 from tests.support.async_tests import run
 from tests.support.cluster import Cluster, read_all, running_cluster, store_session
 from tests.support.polling import until
@@ -193,6 +194,25 @@ async def add_without_copies(
     return length
 
 
+async def lose_the_store_under_a_writer(cluster: Cluster, tmp_path: Path) -> Written:
+    """A writer process adding when the store is lost goes on (adds need no store) until
+    it is SIGKILLed: every entry it saw acknowledged, before the loss or after, must come
+    back."""
+    async with writer_process(
+        cluster.uri, (3, 2, 2), seed=18, password=PASSWORD.decode(), stderr=tmp_path / "w.err"
+    ) as worker:
+        await worker.until_acked(20)
+        assert worker.ledger_id is not None
+        async with Client(cluster.uri, config=CONFIG) as client:
+            found = await client.context.ledgers.read_ledger_metadata(worker.ledger_id)
+        lose_the_store(cluster)
+        await worker.until_acked(40)
+        await worker.kill()
+        acked = dict(sorted(worker.acked.items()))
+    assert list(acked) == list(range(len(acked)))
+    return Written(worker.ledger_id, list(acked.values()), found.metadata)
+
+
 def recover_from_the_bookies(
     cluster: Cluster, report: Path, *options: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -262,20 +282,20 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
     for async tests."""
     shapes = run(write_shapes(cluster), DEADLINE)
     shapes.written.append(run(write_without_copies(cluster)))
-    lose_the_store(cluster)
+    shapes.written.append(run(lose_the_store_under_a_writer(cluster, tmp_path), DEADLINE))
     report = tmp_path / "report"
     applied, summary = recover_from_the_bookies(cluster, report)
     assert summary["ledgers"] == {
-        "exact": 7,
+        "exact": 8,
         "inferred": 1,
         "deleted": 1,
         "not_recoverable": 0,
     }, summary
-    assert summary["needs_recovery"] == 2  # the one left open, and the inferred one
+    assert summary["needs_recovery"] == 3  # left open, the killed writer's, the inferred one
     decided = pq.read_table(report / "ledgers", filters=[("verdict", "=", "inferred")])
     (inferred,) = decided.to_pylist()
     assert f"digest type {OLD_DIGEST.name} from its entries" in inferred["reason"], inferred
-    assert "2 ledgers recovered" in applied.stdout, applied.stdout
+    assert "3 ledgers recovered" in applied.stdout, applied.stdout
     soft_name = shapes.soft.ledger_id.qualified_name
     assert f"ledger {soft_name}: exact: {SOFT_DELETED}" in applied.stdout, applied.stdout
     for bookie in cluster.bookies:
@@ -288,7 +308,7 @@ def test_a_lost_store_is_rebuilt_from_the_running_bookies(cluster: Cluster, tmp_
             return await apply_recovery(store, report)
 
     repeated = run(again(), DEADLINE)
-    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 8), repeated
+    assert (repeated.ledgers_written, repeated.ledgers_present) == (0, 9), repeated
     assert repeated.recovery_failed == {}
     run(check_recovered(cluster, shapes), DEADLINE)
     run(undelete_and_read(cluster, shapes.soft), DEADLINE)
