@@ -19,6 +19,7 @@ from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.protocol import StateRecord
 from tally.metadata.cookies import Cookie
+from tests.support.ledgers import rotating_ledger
 from tests.support.processes import tally
 
 KEY = bytes(range(32))
@@ -80,6 +81,30 @@ def test_the_digest_type_a_bookie_s_entries_tell_reaches_the_inferred_metadata(
     assert decision["verdict"] == "inferred", decision["reason"]
     assert LedgerMetadata.from_bytes(decision["metadata"]).digest_type is DigestType.CRC32
     assert "digest type CRC32 from its entries" in decision["reason"]
+
+
+@pytest.mark.parametrize("in_limbo", [False, True])
+def test_what_a_bookie_in_limbo_lacks_is_unknown_not_lost(tmp_path: Path, in_limbo: bool) -> None:
+    """b's ledger directory failed: it holds 0-4 of a ledger placed on a and b, and cannot
+    tell whether it ever had 5-9. Only without limbo are they lost (a lacks them too)."""
+    metadata = rotating_ledger(2, 2, 2, [], 9, bookies=("a:1", "b:1"))
+    ledger_id = LedgerId(0, 1)
+    rows = []
+    for bookie, limbo in (("a:1", False), ("b:1", in_limbo)):
+        record = StateRecord.held(
+            ledger_id,
+            EntryAvailability.span(0, 4).to_bytes(),
+            fenced=True,
+            last_add_confirmed=4,
+            master_key=metadata.master_key,
+            metadata_copy=metadata.to_bytes(),
+            in_limbo=limbo,
+        )
+        path = write_export([cookie(bookie), record], export_path(tmp_path, bookie), "a").path
+        rows += [row for row in pq.read_table(path).to_pylist() if row["kind"] == "ledger"]
+    decision = LedgerDecider(frozenset({"a:1", "b:1"})).decide(rows)
+    assert decision["verdict"] == "exact"
+    assert decision["lost_entries"] == (0 if in_limbo else 5)
 
 
 @pytest.mark.parametrize(

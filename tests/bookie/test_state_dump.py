@@ -1,6 +1,6 @@
 """What a bookie's dump WITH_STATE says of a ledger without a metadata copy (issue 18): the
 digest type its first readable entry tells, read from real storage; nothing for a ledger
-with a copy, which names it."""
+with a copy, which names it. And a ledger in limbo, flagged."""
 
 from __future__ import annotations
 
@@ -100,5 +100,24 @@ def test_corrupt_entries_are_passed_over_for_the_next(
         for entry_id in range(corrupt):
             flip_entry(storage, ledger_id, entry_id, within=RECORD_HEADER_SIZE + 50)
         assert digest_types(storage) == {ledger_id: expected}
+    finally:
+        storage.close()
+
+
+def test_a_ledger_in_limbo_is_flagged(tmp_path: Path) -> None:
+    """Its directory failed, or the journal was damaged: what the bookie lacks of it is
+    unknown to a metadata recovery, not lost."""
+    storage = opened(tmp_path / "bookie")
+    try:
+        kept, doubtful = LedgerId(0, 1), LedgerId(0, 2)
+        store(storage, kept)
+        store(storage, doubtful)
+        storage.enter_limbo([doubtful])
+        flagged = {
+            record.ledger_id: record.in_limbo
+            for record in state_records(storage, b"cookie")
+            if record.kind is StateKind.LEDGER
+        }
+        assert flagged == {kept: False, doubtful: True}
     finally:
         storage.close()

@@ -110,6 +110,7 @@ state_records = st.one_of(
         master_key=st.one_of(st.none(), keys),
         metadata_copy=st.one_of(st.none(), blobs),
         digest_type=st.one_of(st.none(), st.sampled_from(DigestType)),
+        in_limbo=st.booleans(),
     ),
     st.builds(StateRecord.deleted, ledger_ids, st.integers(0, INT64_MAX)),
 )
@@ -1178,7 +1179,7 @@ def test_a_ledger_s_digest_type_is_the_upper_nibble_of_its_flags(
     [
         (bytes(10), "is cut"),
         (bytes([3]) + bytes(65), "kind 3"),
-        (bytes([1]) + bytes(16) + bytes([0x08]) + bytes(48), "flags 0x08"),
+        (bytes([2]) + bytes(16) + bytes([0x08]) + bytes(48), "fields its kind leaves zero"),
         (bytes([1]) + bytes(16) + bytes([0x50]) + bytes(48), "flags 0x50"),  # digest type 5
         (bytes([0]) + bytes(16) + bytes([0x30]) + bytes(48), "fields its kind leaves zero"),
         (bytes([1]) + bytes(57) + (5).to_bytes(4, "big") + bytes(4), "declares 5 bytes"),

@@ -3,7 +3,8 @@ WITH_STATE: its cookie, each ledger it holds with its availability, fenced flag,
 key and metadata copy, then each ledger it deleted under a tombstone and still remembers.
 A ledger without a metadata copy also gets the digest type its first readable entry tells,
 since nothing else records it; the entries of a ledger with one are not read (the copy names
-its digest type), which keeps the dump cheap.
+its digest type), which keeps the dump cheap. A ledger in limbo (its directory failed,
+or the journal was damaged) is flagged: what the bookie does not hold of it is unknown.
 
 The same records answer a running bookie's dump and make the offline export of a stopped
 one's files, so that both say the same of the same files."""
@@ -29,6 +30,7 @@ entry tells it; a corrupt or unreadable one is passed over for the next."""
 def state_records(storage: BookieStorage, cookie: bytes) -> Iterator[StateRecord]:
     """The records, lazily: ledgers ascending, read one at a time (bounded memory)."""
     yield StateRecord.cookie_of(cookie)
+    limbo = storage.limbo_ledgers()
     for ledger_id, held in storage.iter_availability():
         try:
             info = storage.ledger_info(ledger_id)
@@ -45,6 +47,7 @@ def state_records(storage: BookieStorage, cookie: bytes) -> Iterator[StateRecord
             master_key=master_key,
             metadata_copy=copy,
             digest_type=told,
+            in_limbo=ledger_id in limbo,
         )
     for ledger_id, deleted in sorted(storage.deleted_ledgers().items()):
         yield StateRecord.deleted(ledger_id, deleted.deleted_ms)

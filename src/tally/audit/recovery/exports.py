@@ -2,8 +2,9 @@
 
 The rows are a dump WITH_STATE's records (core/protocol/dump.py), the cookie first: one
 row of kind `cookie`, one of kind `ledger` per ledger held (availability, fenced, LAC,
-master key, metadata copy, and the name of the digest type its entries tell when it has no
-copy), one of kind `deleted` per ledger deleted under its tombstone.
+master key, metadata copy, the name of the digest type its entries tell when it has no
+copy, and whether it is in limbo), one of kind `deleted` per ledger deleted under its
+tombstone.
 Every row names the bookie (from its cookie), so that a directory of exports is one table.
 Ledger id halves are stored as audit/schema.py stores them (to_int64).
 
@@ -45,6 +46,7 @@ EXPORT_SCHEMA = pa.schema(
         pa.field("master_key", pa.binary(), nullable=True),
         pa.field("metadata_copy", pa.binary(), nullable=True),
         pa.field("digest_type", pa.string(), nullable=True),
+        pa.field("in_limbo", pa.bool_(), nullable=False),
         pa.field("deleted_ms", pa.int64(), nullable=True),
         pa.field("cookie", pa.binary(), nullable=True),
     ]
@@ -98,6 +100,7 @@ class ExportWriter:
                 "master_key": record.master_key,
                 "metadata_copy": record.metadata_copy,
                 "digest_type": None if record.digest_type is None else record.digest_type.name,
+                "in_limbo": record.in_limbo,
                 "deleted_ms": record.deleted_ms if record.kind is StateKind.DELETED else None,
                 "cookie": record.cookie if record.kind is StateKind.COOKIE else None,
             }

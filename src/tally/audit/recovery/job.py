@@ -150,6 +150,7 @@ def run_recovery(
             "master_key",
             "metadata_copy",
             "digest_type",
+            "in_limbo",
         )
     )
     if snapshot is not None:
@@ -193,6 +194,7 @@ def _snapshot_rows(spark: SparkSession, snapshot: Path) -> DataFrame:
         "last_add_confirmed": F.lit(-1).cast("long"),
         "master_key": F.lit(None).cast("binary"),
         "digest_type": F.lit(None).cast("string"),
+        "in_limbo": F.lit(False),
     }
     ledgers = spark.read.parquet(str(snapshot / schema.LEDGERS)).select(
         "scope",
@@ -243,6 +245,8 @@ class LedgerDecider:
         for row in rows:
             if row["kind"] != "ledger":
                 continue
+            if row["in_limbo"]:  # what it does not hold of it is unknown, not missing
+                unreadable.add(row["bookie_id"])
             try:
                 availability = EntryAvailability.from_bytes(row["availability"])
             except MalformedData:
@@ -261,7 +265,7 @@ class LedgerDecider:
             )
         deleted_by = [row["bookie_id"] for row in rows if row["kind"] == "deleted"]
         recorded = next((row["metadata_copy"] for row in rows if row["kind"] == "snapshot"), None)
-        answered = self.exported - unreadable
+        answered = self.exported - unreadable  # of this ledger
         decision = recover_ledger(ledger_id, holdings, deleted_by, answered, recorded)
         return decision_row(first, decision, len(holdings))
 

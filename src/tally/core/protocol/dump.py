@@ -101,6 +101,7 @@ the cookie (COOKIE)."""
 _FENCED = 0x1
 _HAS_MASTER_KEY = 0x2
 _HAS_COPY = 0x4
+_IN_LIMBO = 0x8
 _DIGEST_SHIFT = 4
 _DIGEST_MASK = 0xF0
 """The flags' upper nibble: the digest type's number (BookKeeper's, as in a V2 entry's flags),
@@ -108,7 +109,7 @@ _DIGEST_MASK = 0xF0
 _DIGEST_TYPES: dict[int, DigestType | None] = {0: None} | {
     digest_type << _DIGEST_SHIFT: digest_type for digest_type in DigestType
 }
-_LEDGER_FLAGS = _FENCED | _HAS_MASTER_KEY | _HAS_COPY | _DIGEST_MASK
+_LEDGER_FLAGS = _FENCED | _HAS_MASTER_KEY | _HAS_COPY | _IN_LIMBO | _DIGEST_MASK
 _NO_KEY = bytes(MASTER_KEY_SIZE)
 
 
@@ -128,6 +129,9 @@ class StateRecord:
     digest_type: DigestType | None = None
     """The digest type the ledger's stored entries tell (`entry_format.stored_digest_type`),
     None where they do not or none was read."""
+    in_limbo: bool = False
+    """The bookie cannot tell an entry of it that it never had from one it lost (a failed
+    ledger directory, a damaged journal): what it does not hold is unknown, not missing."""
 
     @classmethod
     def cookie_of(cls, cookie: bytes) -> StateRecord:
@@ -144,6 +148,7 @@ class StateRecord:
         master_key: bytes | None,
         metadata_copy: bytes | None,
         digest_type: DigestType | None = None,
+        in_limbo: bool = False,
     ) -> StateRecord:
         return cls(
             StateKind.LEDGER,
@@ -154,6 +159,7 @@ class StateRecord:
             master_key,
             metadata_copy,
             digest_type=digest_type,
+            in_limbo=in_limbo,
         )
 
     @classmethod
@@ -191,6 +197,7 @@ def state_record_parts(record: StateRecord) -> tuple[bytes, bytes, bytes]:
         (_FENCED if record.fenced else 0)
         | (_HAS_MASTER_KEY if key is not None else 0)
         | (_HAS_COPY if record.metadata_copy is not None else 0)
+        | (_IN_LIMBO if record.in_limbo else 0)
         | (0 if digest_type is None else digest_type << _DIGEST_SHIFT)
     )
     header = _STATE_RECORD.pack(
@@ -247,6 +254,7 @@ def decode_state_records(body: memoryview) -> tuple[StateRecord, ...]:
                 master_key=key if flags & _HAS_MASTER_KEY else None,
                 metadata_copy=data if flags & _HAS_COPY else None,
                 digest_type=_DIGEST_TYPES[flags & _DIGEST_MASK],
+                in_limbo=bool(flags & _IN_LIMBO),
             )
         else:
             raise MalformedData(f"state record of kind {kind}, flags 0x{flags:02x}: unknown")
