@@ -186,7 +186,7 @@ EVENTS: dict[str, type[Event]] = {
 
 def encode_event(event: Event) -> str:
     """One line of JSON, without its newline."""
-    fields = {"kind": event.kind}
+    fields: dict[str, Any] = {"kind": event.kind}
     for item in dataclasses.fields(event):
         value = getattr(event, item.name)
         fields[item.name] = list(value) if isinstance(value, tuple) else value
