@@ -148,6 +148,7 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
     [
         ("TALLY_BOOKIE_FLUSH_INTERVAL", "0", "flush_interval .*must be more than 0 seconds"),
         ("TALLY_BOOKIE_LISTEN", "nowhere", "listen = .nowhere. .*not host:port"),
+        ("TALLY_BOOKIE_ADVERTISED_ADDRESS", "proxy", "advertised_address .*not host:port"),
         ("TALLY_BOOKIE_DISK_USAGE_LWM_THRESHOLD", "0.99", "disk_usage_lwm_threshold"),
         ("TALLY_BOOKIE_TLS_CERT", "cert.pem", "needs both tls_cert and tls_key"),
         ("TALLY_BOOKIE_MINOR_COMPACTION_THRESHOLD", "0.9", "minor_compaction_threshold"),

@@ -47,6 +47,9 @@ class BookieConfig:
     `tally shell cookie update`. Neither this nor ledger_dir: `ledgers/` under data_dir."""
     listen: str = "127.0.0.1:3181"
     """host:port to listen on; port 0 picks a free one."""
+    advertised_address: str | None = None
+    """host:port clients reach this bookie at, registered for them (a proxy or NAT in
+    between, BookKeeper's advertisedAddress); None: the address it listens on."""
     bookie_id: str | None = None
     """Defaults to the advertised host:port, as in BookKeeper."""
     rack: str | None = None
@@ -148,6 +151,11 @@ class BookieConfig:
             split_host_port(self.listen, port_zero=True)
         except BadRequest as error:
             raise BadSetting("listen", str(error)) from None
+        if self.advertised_address is not None:
+            try:
+                split_host_port(self.advertised_address)
+            except BadRequest as error:
+                raise BadSetting("advertised_address", str(error)) from None
         for name in (
             "session_timeout",
             "flush_interval",

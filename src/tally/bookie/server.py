@@ -82,6 +82,8 @@ class Bookie:
         self._admin_http = admin_http
         self.metrics = BookieMetrics()
         self.address = ""
+        """Where clients reach it (registered): the advertised address, else `listening`."""
+        self.listening = ""
         self.bookie_id = ""
         self.metrics_port: int | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -179,7 +181,8 @@ class Bookie:
             start_serving=False,
             reuse_address=True,
         )
-        self.address = join_host_port(host, self._server.sockets[0].getsockname()[1])
+        self.listening = join_host_port(host, self._server.sockets[0].getsockname()[1])
+        self.address = config.advertised_address or self.listening
         self.bookie_id = config.bookie_id or self.address
 
         journal_dir, ledger_dirs = config.journal_directory, config.ledger_directories
@@ -307,7 +310,9 @@ class Bookie:
         log.info(
             "bookie %s serving on %s (%s)%s",
             self.bookie_id,
-            self.address,
+            self.listening
+            if self.address == self.listening
+            else f"{self.listening}, advertised as {self.address}",
             self.disk.mode.value,
             f", admin HTTP and /metrics on :{self.metrics_port}" if self.metrics_port else "",
         )

@@ -40,6 +40,10 @@ def run(
     listen: Annotated[
         str | None, typer.Option(help="host:port to listen on (port 0: any free one).")
     ] = None,
+    advertised_address: Annotated[
+        str | None,
+        typer.Option(help="host:port clients reach it at, if not where it listens (a proxy)."),
+    ] = None,
     bookie_id: Annotated[
         str | None, typer.Option(help="Bookie id; defaults to the advertised host:port.")
     ] = None,
@@ -69,6 +73,7 @@ def run(
                 "data_dir": data_dir,
                 "ledger_dirs": ledger_dirs,
                 "listen": listen,
+                "advertised_address": advertised_address,
                 "bookie_id": bookie_id,
                 "rack": rack,
                 "metrics_port": metrics_port,
