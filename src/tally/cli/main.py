@@ -9,7 +9,18 @@ from typing import Annotated
 
 import typer
 
-from tally.cli import audit, autorecovery, bench, bookie, cluster, cluster_demo, demo, local, shell
+from tally.cli import (
+    audit,
+    autorecovery,
+    bench,
+    bookie,
+    chaos,
+    cluster,
+    cluster_demo,
+    demo,
+    local,
+    shell,
+)
 from tally.cli.failures import OneLineFailures
 
 app = typer.Typer(
@@ -28,6 +39,7 @@ app.command("autorecovery")(autorecovery.run)
 app.add_typer(local.app, name="local")
 app.add_typer(shell.app, name="shell")
 app.add_typer(audit.app, name="audit")
+app.add_typer(chaos.app, name="chaos")
 
 
 @app.callback()

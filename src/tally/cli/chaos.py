@@ -1,0 +1,164 @@
+"""`tally chaos`: the durability test suite of issue 19.
+
+`tally chaos check HISTORY` judges the history a chaos run wrote against the invariants of
+BookKeeper's protocol (tally.core.chaos.checker), so a run made elsewhere is checked here.
+Each behaviour of the group is a command (or the group's callback) of `app`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from tally.cli.console import failures, out
+from tally.core.chaos.checker import Verdict, Violation, check_history
+from tally.core.chaos.history import decode_history
+from tally.core.errors import BadRequest, MalformedData
+
+app = typer.Typer(
+    name="chaos",
+    help="The chaos suite: a cluster under faults, and the check of what its run saw.",
+    no_args_is_help=True,
+)
+
+LISTED = 50
+"""Violations the summary lists; --json lists them all."""
+RANGES_SHOWN = 8
+"""Runs of consecutive entries a listed violation shows before it just counts them."""
+
+
+@app.command("check")
+def check(
+    history: Annotated[
+        Path, typer.Argument(help="The JSON-lines history a chaos run wrote.", show_default=False)
+    ],
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the verdict, every violation, as one JSON object."),
+    ] = False,
+) -> None:
+    """Check a chaos run's history against the invariants of BookKeeper's protocol.
+
+    Exits 0 when every invariant holds, 1 when any is broken (or the history is unreadable).
+    """
+    with failures():
+        verdict = _check(history)
+    if as_json:
+        typer.echo(json.dumps(_as_json(verdict), sort_keys=True))
+    else:
+        _print_verdict(history, verdict)
+    raise typer.Exit(0 if verdict.ok else 1)
+
+
+def _check(history: Path) -> Verdict:
+    """The verdict on a history file, streamed; a line that is no event ends it with what
+    to do about that line."""
+    try:
+        return check_history(decode_history(_lines(history), source=str(history)))
+    except MalformedData as error:
+        raise MalformedData(
+            f"{error}; a history holds one JSON event per line, as a chaos run writes it: fix "
+            "or delete that line (a run killed while writing leaves its last line cut short)"
+        ) from None
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The history's lines, read as they are checked, so that a history of millions of
+    events is never held whole; what cannot be read is a one-line error saying what to do."""
+    try:
+        file = path.open("rb")
+    except OSError as error:
+        raise BadRequest(
+            f"cannot read the history {path}: {error.strerror}: give the path of the JSON-lines "
+            "file a chaos run wrote"
+        ) from None
+    with file:
+        for number, line in enumerate(file, start=1):
+            try:
+                yield line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedData(f"{path} line {number}: not UTF-8 text") from None
+
+
+def _as_json(verdict: Verdict) -> dict[str, Any]:
+    """The verdict for programs: its counts and every violation."""
+    return {
+        "ok": verdict.ok,
+        "operations": verdict.operations,
+        "acknowledged": verdict.acknowledged,
+        "ledgers": verdict.ledgers,
+        "reads_checked": verdict.reads_checked,
+        "faults": dict(verdict.faults),
+        "violations": [
+            {
+                "invariant": str(v.invariant),
+                "ledger": v.ledger,
+                "entries": list(v.entries),
+                "detail": v.detail,
+            }
+            for v in verdict.violations
+        ],
+    }
+
+
+def _print_verdict(history: Path, verdict: Verdict) -> None:
+    """The counts that say how much was checked, then the violations, at most LISTED."""
+    counts = ", ".join(
+        (
+            _counted(verdict.operations, "operation"),
+            _counted(verdict.acknowledged, "acknowledged add"),
+            _counted(verdict.ledgers, "ledger"),
+            _counted(verdict.reads_checked, "read") + " checked",
+        )
+    )
+    out.print(f"{history}: {counts}", markup=False)
+    faults = ", ".join(f"{kind} {count:,}" for kind, count in sorted(verdict.faults.items()))
+    out.print(f"faults: {faults or 'none'}", markup=False)
+    if verdict.ok:
+        out.print(Text("no violation: every invariant holds", style="bold green"))
+        return
+    by_invariant = Counter(str(v.invariant) for v in verdict.violations)
+    tally = ", ".join(f"{name} {count:,}" for name, count in by_invariant.most_common())
+    count = len(verdict.violations)
+    out.print(Text(f"{_counted(count, 'violation')} ({tally}):", style="bold red"))
+    for violation in verdict.violations[:LISTED]:
+        out.print(_line(violation))
+    if count > LISTED:
+        out.print(f"... and {count - LISTED:,} more: --json lists them all", markup=False)
+
+
+def _counted(count: int, noun: str) -> str:
+    """ "1 ledger", "2 ledgers": a count that reads as English."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
+def _line(violation: Violation) -> Text:
+    """One violation: the invariant, the ledger, the entries and the detail."""
+    line = Text("  ")
+    line.append(str(violation.invariant), style="bold")
+    if violation.ledger:
+        line.append(f" ledger {violation.ledger}")
+    if violation.entries:
+        line.append(f" entries {_entries(violation.entries)}")
+    line.append(f": {violation.detail}")
+    return line
+
+
+def _entries(entries: Sequence[int]) -> str:
+    """Ascending entries as runs, "0..4, 7", the first RANGES_SHOWN of them."""
+    runs: list[tuple[int, int]] = []
+    for entry in entries:
+        if runs and entry == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], entry)
+        else:
+            runs.append((entry, entry))
+    shown = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:RANGES_SHOWN])
+    if len(runs) > RANGES_SHOWN:
+        shown += f", ... ({len(entries):,} entries)"
+    return shown
