@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tally.core.errors import TallyError
 from tally.metadata import MetadataStore, open_store
+from tally.metadata.zk_ensemble import ZooKeeperEnsemble
 from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
 from tally.metadata.zk_server import free_port as free_port
 from tests.support.async_tests import run_if_async
@@ -31,21 +33,30 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return run_if_async(pyfuncitem, ASYNC_TEST_DEADLINE)
 
 
-@pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """One real ZooKeeper for the session. Missing Java or ZooKeeper fails, never skips."""
+ZooKeeper = TypeVar("ZooKeeper", bound=ZooKeeperServer | ZooKeeperEnsemble)
+
+
+@contextmanager
+def running(zookeeper: ZooKeeper) -> Iterator[ZooKeeper]:
+    """`zookeeper` started, and stopped after. Missing Java or ZooKeeper fails, never skips."""
     why_not = missing_prerequisite()
     if why_not is not None:
         pytest.fail(why_not)
-    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
     try:
-        server.start()
+        zookeeper.start()
     except TallyError as e:
         pytest.fail(str(e))
     try:
-        yield server
+        yield zookeeper
     finally:
-        server.stop()
+        zookeeper.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """One real ZooKeeper for the session."""
+    with running(ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))) as server:
+        yield server
 
 
 @dataclass

@@ -2,11 +2,13 @@
 
 The metadata tests run against a real ZooKeeper and the benchmarks measure one, so both
 start it the same way: a standalone server with its own data directory on a free port,
-up once it says it serves clients. `scripts/ensure-zookeeper.sh` installs the package.
+up once it says it serves clients. The chaos suite also pauses and kills one, as a member
+of a `zk_ensemble`. `scripts/ensure-zookeeper.sh` installs the package.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,11 +25,19 @@ START_DEADLINE = 30.0
 """Seconds for a JVM to start ZooKeeper on a loaded machine."""
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports nothing listens on right now: all are held bound
+    until the last is chosen, so that none is handed out twice."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def four_letter_word(port: int, word: bytes, timeout: float = 1.0) -> bytes:
@@ -40,12 +50,14 @@ def four_letter_word(port: int, word: bytes, timeout: float = 1.0) -> bytes:
     return b"".join(chunks)
 
 
-def _serving(port: int) -> bool:
-    """Whether the server takes sessions: `imok` comes earlier, and a client that connects
-    then is dropped (kazoo reconnects, but warns)."""
-    return four_letter_word(port, b"ruok") == b"imok" and b"Mode: " in four_letter_word(
-        port, b"srvr"
-    )
+def srvr(port: int) -> dict[str, str]:
+    """The fields of the `srvr` word's answer (Mode, Connections, Zxid...) by name; none
+    while the server takes no sessions (it answers a sentence then) or answers nothing."""
+    try:
+        answer = four_letter_word(port, b"srvr").decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(line.split(": ", 1) for line in answer.splitlines() if ": " in line)
 
 
 def missing_prerequisite() -> str | None:
@@ -90,40 +102,28 @@ class ZooKeeperServer:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "zookeeper.log"
+
     def uri(self, chroot: str) -> str:
         return f"zk://{self.hosts}{chroot}"
 
     def start(self, port: int | None = None) -> None:
         """Start (on `port`, else the usual one) and wait until it serves clients."""
+        self.launch(port)
+        self.wait_serving(time.monotonic() + START_DEADLINE)
+
+    def launch(self, port: int | None = None) -> None:
+        """Start the JVM without waiting for it, so that several servers start at once."""
         if self.process is not None:
             raise MetadataStoreError(f"ZooKeeper already running on port {self.running_port}")
         why_not = missing_prerequisite()
         if why_not is not None:
             raise MetadataStoreError(why_not)
-        port = self.port if port is None else port
-        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "zoo.cfg"
-        config.write_text(
-            "\n".join(
-                [
-                    "tickTime=200",
-                    "initLimit=10",
-                    "syncLimit=5",
-                    f"dataDir={self.workdir / 'data'}",
-                    f"clientPort={port}",
-                    "clientPortAddress=127.0.0.1",
-                    "admin.enableServer=false",
-                    "4lw.commands.whitelist=ruok,stat,srvr",
-                    "minSessionTimeout=400",
-                    "maxSessionTimeout=20000",
-                    "maxClientCnxns=0",
-                    f"forceSync={'yes' if self.force_sync else 'no'}",
-                    "",
-                ]
-            )
-        )
-        log_path = self.workdir / "zookeeper.log"
-        with log_path.open("ab") as log:
+        self.running_port = self.port if port is None else port
+        config = self._write_config(self.running_port)
+        with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
                     "java",
@@ -141,26 +141,77 @@ class ZooKeeperServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + START_DEADLINE
+
+    def _write_config(self, port: int) -> Path:
+        """The data directory and the zoo.cfg of a server on `port`; the config's path."""
+        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "zoo.cfg"
+        config.write_text("\n".join([*self._config_lines(port), ""]))
+        return config
+
+    def _config_lines(self, port: int) -> list[str]:
+        """zoo.cfg's settings: a 200 ms tick, so that sessions and elections settle in
+        test time, and only the admin words the tests use."""
+        return [
+            "tickTime=200",
+            "initLimit=10",
+            "syncLimit=5",
+            f"dataDir={self.workdir / 'data'}",
+            f"clientPort={port}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=ruok,stat,srvr",
+            "minSessionTimeout=400",
+            "maxSessionTimeout=20000",
+            "maxClientCnxns=0",
+            f"forceSync={'yes' if self.force_sync else 'no'}",
+        ]
+
+    def wait_serving(self, deadline: float) -> None:
+        """Wait until the launched server serves clients (says its mode: `ruok` answers
+        earlier, and a client that connects then is dropped; a quorum member serves only in
+        a quorum); stopped, and Timeout, if it does not by `deadline` (time.monotonic())."""
+        if self.process is None or self.running_port is None:
+            raise MetadataStoreError(f"ZooKeeper in {self.workdir} is not running")
         while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if _serving(port):
-                    self.running_port = port
-                    return
-            except OSError:
-                pass
+            if self.mode() is not None:
+                return
             time.sleep(0.05)
-        tail = log_path.read_text(errors="replace")[-3000:]
+        port, tail = self.running_port, self.log_path.read_text(errors="replace")[-3000:]
         self.stop()
         raise Timeout(
             f"ZooKeeper did not serve clients on port {port} within {START_DEADLINE}s; "
-            f"the end of {log_path}:\n{tail}"
+            f"the end of {self.log_path}:\n{tail}"
         )
+
+    def mode(self) -> str | None:
+        """standalone, leader or follower while it serves clients, else None."""
+        return None if self.running_port is None else srvr(self.running_port).get("Mode")
+
+    def pause(self) -> None:
+        """SIGSTOP: the server holds its sockets but answers nothing, as in a long GC."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no clean shutdown of sessions or connections."""
+        process, self.process, self.running_port = self.process, None, None
+        if process is not None:
+            process.kill()
+            process.wait(10)
+
+    def _signal(self, signum: int) -> None:
+        if self.process is None:
+            raise MetadataStoreError(f"ZooKeeper in {self.workdir} is not running")
+        self.process.send_signal(signum)
 
     def stop(self) -> None:
         process, self.process, self.running_port = self.process, None, None
         if process is None:
             return
+        process.send_signal(signal.SIGCONT)  # a paused JVM would not act on SIGTERM
         process.terminate()
         try:
             process.wait(10)
