@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from tally.core.chaos.schedule import (
     AUTORECOVERY,
     BOOKIE_FAULTS,
+    ZOOKEEPER,
+    ZOOKEEPER_FAULTS,
     FaultKind,
     plan_faults,
 )
@@ -25,8 +27,10 @@ def test_the_same_seed_plans_the_same_faults() -> None:
 
 
 def test_a_long_run_plans_every_kind() -> None:
-    kinds = Counter(fault.kind for fault in plan_faults(3, 600, BOOKIES, LOGS))
+    kinds = Counter(fault.kind for fault in plan_faults(3, 600, BOOKIES, LOGS, zookeeper=True))
     assert set(kinds) == set(FaultKind)
+    embedded = plan_faults(3, 600, BOOKIES, LOGS)
+    assert not {fault.kind for fault in embedded} & ZOOKEEPER_FAULTS
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,12 +38,12 @@ def test_a_long_run_plans_every_kind() -> None:
 def test_faults_stay_within_what_the_cluster_survives(
     seed: int, duration: float, max_down: int
 ) -> None:
-    planned = plan_faults(seed, duration, BOOKIES, LOGS, max_bookies_down=max_down)
+    planned = plan_faults(seed, duration, BOOKIES, LOGS, max_bookies_down=max_down, zookeeper=True)
     assert [f.start for f in planned] == sorted(f.start for f in planned)
     for fault in planned:
         assert 0 < fault.start <= fault.end <= duration
         bookie_fault = fault.kind in BOOKIE_FAULTS or fault.kind is FaultKind.FLIP_BYTES
-        assert fault.target in (BOOKIES if bookie_fault else [*LOGS, AUTORECOVERY])
+        assert fault.target in (BOOKIES if bookie_fault else [*LOGS, AUTORECOVERY, ZOOKEEPER])
         down = {
             f.target for f in planned if f.kind in BOOKIE_FAULTS and f.start <= fault.start < f.end
         }

@@ -1,13 +1,18 @@
 """`tally chaos`: the durability test suite of issue 19.
 
-`tally chaos check HISTORY` judges the history a chaos run wrote against the invariants of
+`tally chaos --duration 10m --seed N [--out DIR]` runs a local cluster under faults from the
+seed (tally.chaos.run), checks its history and writes its report; `tally chaos check
+HISTORY` judges the history a chaos run wrote against the invariants of
 BookKeeper's protocol (tally.core.chaos.checker), so a run made elsewhere is checked here.
 Each behaviour of the group is a command (or the group's callback) of `app`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from tally.cli.console import failures, out
+from tally.cli.console import err, failures, out
 from tally.core.chaos.checker import Verdict, Violation, check_history
 from tally.core.chaos.history import decode_history
 from tally.core.errors import BadRequest, MalformedData
@@ -31,6 +36,82 @@ LISTED = 50
 """Violations the summary lists; --json lists them all."""
 RANGES_SHOWN = 8
 """Runs of consecutive entries a listed violation shows before it just counts them."""
+
+
+@app.callback(invoke_without_command=True)
+def run(
+    ctx: typer.Context,
+    duration: Annotated[
+        str, typer.Option(help="How long the faults go on (then it settles): 90s, 10m, 1h.")
+    ] = "10m",
+    seed: Annotated[int, typer.Option(help="Decides the faults, the workload and the data.")] = 1,
+    metadata: Annotated[
+        str, typer.Option(help="The metadata store: sqlite, or zk (a 3-member ensemble).")
+    ] = ("sqlite"),
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Directory for the history, the logs and the report (a new one)."
+        ),
+    ] = None,
+    bookies: Annotated[int, typer.Option(min=4, help="Bookie processes.")] = 5,
+    writers: Annotated[int, typer.Option(min=1, help="Writer processes, a log each.")] = 3,
+    rate: Annotated[float, typer.Option(help="Adds per second each writer offers.")] = 50.0,
+    audit: Annotated[bool, typer.Option(help="Run the Spark audit of the settled cluster.")] = True,
+    keep: Annotated[
+        bool, typer.Option(help="Keep the cluster's data after a run that passed.")
+    ] = False,
+) -> None:
+    """Run a local cluster under faults, then check that no acknowledged entry was lost.
+
+    Exits 0 when every invariant holds, 1 when any is broken (the history, every log and
+    the cluster's data are kept for the post-mortem).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from tally.chaos.report import Finding, write_report
+    from tally.chaos.run import HISTORY, ChaosSettings, clean, run_chaos
+    from tally.cli.audit import parse_duration
+
+    where = out_dir or Path("chaos-runs") / f"seed-{seed}-{time.strftime('%Y%m%dT%H%M%S')}"
+    settings = ChaosSettings(
+        duration=parse_duration(duration),
+        seed=seed,
+        out=where,
+        metadata=metadata,
+        bookies=bookies,
+        writers=writers,
+        rate=rate,
+        audit=audit,
+    )
+    where.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        filename=where / "harness.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    with failures():
+        outcome = asyncio.run(run_chaos(settings, lambda text: err.print(text, markup=False)))
+        verdict = _check(where / HISTORY)
+    findings = [
+        Finding(str(v.invariant), v.ledger, _entries(v.entries), v.detail)
+        for v in verdict.violations
+    ]
+    page = write_report(where, outcome.history, findings, _counts(verdict))
+    _print_verdict(outcome.history, verdict)
+    out.print(f"report: {page}", markup=False)
+    if verdict.ok and not keep:
+        clean(where)
+    raise typer.Exit(0 if verdict.ok else 1)
+
+
+def _counts(verdict: Verdict) -> dict[str, int]:
+    return {
+        "operations": verdict.operations,
+        "acknowledged_adds": verdict.acknowledged,
+        "ledgers": verdict.ledgers,
+        "reads_checked": verdict.reads_checked,
+    }
 
 
 @app.command("check")

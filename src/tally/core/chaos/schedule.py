@@ -28,6 +28,9 @@ class FaultKind(enum.Enum):
     KILL_AUTORECOVERY = "kill_autorecovery"
     KILL_WRITER = "kill_writer"
     PAUSE_WRITER = "pause_writer"
+    PAUSE_ZOOKEEPER = "pause_zookeeper"
+    """SIGSTOP of one member of the metadata store's ensemble."""
+    KILL_ZOOKEEPER_LEADER = "kill_zookeeper_leader"
 
 
 BOOKIE_FAULTS = frozenset(
@@ -43,6 +46,8 @@ BOOKIE_FAULTS = frozenset(
 )
 """Faults that take a bookie (or the way to it) out while they last."""
 WRITER_FAULTS = frozenset({FaultKind.KILL_WRITER, FaultKind.PAUSE_WRITER})
+ZOOKEEPER_FAULTS = frozenset({FaultKind.PAUSE_ZOOKEEPER, FaultKind.KILL_ZOOKEEPER_LEADER})
+"""One member at a time: the ensemble keeps its quorum."""
 WEIGHTS = {
     FaultKind.KILL_BOOKIE: 4,
     FaultKind.PAUSE_BOOKIE: 2,
@@ -55,8 +60,11 @@ WEIGHTS = {
     FaultKind.KILL_AUTORECOVERY: 1,
     FaultKind.KILL_WRITER: 3,
     FaultKind.PAUSE_WRITER: 1,
+    FaultKind.PAUSE_ZOOKEEPER: 2,
+    FaultKind.KILL_ZOOKEEPER_LEADER: 2,
 }
 AUTORECOVERY = "autorecovery"
+ZOOKEEPER = "zookeeper"
 FIRST_FAULT_AT = 3.0
 LONGEST = 12.0
 SHORTEST = 1.0
@@ -82,8 +90,10 @@ def plan_faults(
     *,
     mean_gap: float = 3.0,
     max_bookies_down: int = 1,
+    zookeeper: bool = False,
 ) -> list[PlannedFault]:
-    """The run's faults, by start time."""
+    """The run's faults, by start time; faults of the ZooKeeper ensemble when the run's
+    metadata store is one."""
     rng = random.Random(f"faults/{seed}")
     rotting = rng.choice(sorted(bookies)) if bookies else None
     busy_until: dict[str, float] = {}
@@ -94,6 +104,8 @@ def plan_faults(
         if t >= duration - SHORTEST:
             return planned
         kind = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        if kind in ZOOKEEPER_FAULTS and not zookeeper:
+            continue
         end = min(duration, t + rng.uniform(SHORTEST, LONGEST))
         target = _target(
             kind, t, rng, bookies, logs, rotting, busy_until, planned, max_bookies_down
@@ -122,6 +134,8 @@ def _target(
         candidates = [rotting] if rotting is not None else []
     elif kind is FaultKind.KILL_AUTORECOVERY:
         candidates = [AUTORECOVERY]
+    elif kind in ZOOKEEPER_FAULTS:
+        candidates = [ZOOKEEPER]
     elif kind in WRITER_FAULTS:
         candidates = list(logs)
     else:

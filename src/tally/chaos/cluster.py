@@ -1,0 +1,225 @@
+"""The chaos run's cluster: bookie processes, each behind a fault proxy, an auto-recovery
+process, and the writer processes, all started, killed, paused and restarted by the harness.
+
+Every bookie listens on a port of its own and advertises its proxy's, so every client
+(writers, readers, the replication worker) reaches it through the proxy, where network
+faults are made. A bookie keeps its ports for the whole run: its id, which its cookie
+holds, is its advertised address. Settings are the defaults shortened so that a run of
+minutes sees garbage collection, checkpoints, audits and repairs many times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tally.chaos.proxy import FaultProxy
+from tally.core.errors import IllegalOperation, Timeout
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+BOOKIE_SETTINGS = {
+    "TALLY_BOOKIE_GC_WAIT_TIME": "3",
+    "TALLY_BOOKIE_FLUSH_INTERVAL": "5",
+    "TALLY_BOOKIE_SCRUB_INTERVAL": "0",
+    "TALLY_BOOKIE_LIMBO_CHECK_INTERVAL": "3",
+    "TALLY_BOOKIE_ENTRY_LOG_SIZE_LIMIT": str(8 * 1024**2),
+    "TALLY_BOOKIE_MINOR_COMPACTION_INTERVAL": "20",
+    "TALLY_BOOKIE_MAJOR_COMPACTION_INTERVAL": "60",
+}
+"""A bookie's settings in a chaos run: garbage collection, checkpoints and compaction every
+few seconds; scrubbing only when asked (the settle step asks)."""
+AUTORECOVERY_SETTINGS = {
+    "TALLY_AUTORECOVERY_AUDITOR_PERIODIC_BOOKIE_CHECK_INTERVAL": "5",
+    "TALLY_AUTORECOVERY_AUDITOR_DELETION_CHECK_INTERVAL": "3",
+    "TALLY_AUTORECOVERY_AUDITOR_REPLICAS_CHECK_INTERVAL": "20",
+    "TALLY_AUTORECOVERY_AUDITOR_REPLICAS_CHECK_RETRY_DELAY": "2",
+    "TALLY_AUTORECOVERY_UNDER_REPLICATED_POLL_INTERVAL": "1",
+    "TALLY_AUTORECOVERY_OPEN_LEDGER_REREPLICATION_GRACE_PERIOD": "5",
+    "TALLY_AUTORECOVERY_UNDERREPLICATED_LEDGER_RECOVERY_GRACE_PERIOD": "30",
+    "TALLY_AUTORECOVERY_REPLICATION_BACKOFF_INITIAL": "0.5",
+    "TALLY_AUTORECOVERY_REPLICATION_BACKOFF_MAX": "5",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def tally_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tally.cli.main", *args]
+
+
+@dataclass
+class Process:
+    """One process of the run: how to start it, its log, and the one running now."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    ready_text: str | None
+    environment: Mapping[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    stopped: bool = False
+    """Stopped on purpose (`stop`), not died."""
+
+    async def start(self) -> None:
+        """Start it, and wait (without blocking the loop: the proxies run there) until it
+        says it serves."""
+        if self.running:
+            raise IllegalOperation(f"{self.name} already runs")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.environment},
+                start_new_session=True,
+            )
+        self.paused = self.stopped = False
+        if self.ready_text is not None:
+            await self._wait_ready(offset, self.ready_text.encode())
+
+    async def _wait_ready(self, offset: int, ready: bytes) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as output:
+                output.seek(offset)
+                if ready in output.read():
+                    return
+            if not self.running:
+                raise IllegalOperation(f"{self.name} exited at start: see {self.log}")
+            await asyncio.sleep(0.1)
+        raise Timeout(f"{self.name} not ready within {START_TIMEOUT:.0f} s: see {self.log}")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signum)
+
+    async def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process is not None:
+            await asyncio.to_thread(self.process.wait)
+        self.paused = False
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.paused = False
+
+    async def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL if it outlives STOP_TIMEOUT; its exit status."""
+        process = self.process
+        if process is None:
+            return None
+        self.stopped = True
+        self.resume()
+        self.signal(signal.SIGTERM)
+        try:
+            return await asyncio.to_thread(process.wait, STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            await self.kill()
+            return process.returncode
+
+
+@dataclass
+class ChaosBookie:
+    process: Process
+    proxy: FaultProxy
+    data_dir: Path
+    metrics_port: int
+
+    @property
+    def bookie_id(self) -> str:
+        return f"{HOST}:{self.proxy.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}"
+
+
+@dataclass
+class ChaosCluster:
+    """Its processes, by name; started by `start`, all stopped by `shutdown`."""
+
+    root: Path
+    metadata: str
+    bookies: dict[str, ChaosBookie] = field(default_factory=dict)
+    autorecovery: Process | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    async def add_bookie(self, index: int) -> ChaosBookie:
+        listen = free_port()
+        proxy = await FaultProxy.start(HOST, listen)
+        data_dir = self.root / f"bookie-{index}"
+        metrics_port = free_port()
+        advertised = f"{HOST}:{proxy.port}"
+        process = Process(
+            name=f"bookie-{index}",
+            argv=tally_argv(
+                "bookie",
+                "--metadata",
+                self.metadata,
+                "--data-dir",
+                str(data_dir),
+                "--listen",
+                f"{HOST}:{listen}",
+                "--advertised-address",
+                advertised,
+                "--metrics-port",
+                str(metrics_port),
+            ),
+            log=self.logs / f"bookie-{index}.log",
+            ready_text=f"bookie {advertised} ready on ",
+            environment=BOOKIE_SETTINGS,
+        )
+        bookie = ChaosBookie(process, proxy, data_dir, metrics_port)
+        self.bookies[bookie.bookie_id] = bookie
+        return bookie
+
+    async def start_autorecovery(self) -> None:
+        self.autorecovery = Process(
+            name="autorecovery",
+            argv=tally_argv("autorecovery", "--metadata", self.metadata, "--id", "chaos"),
+            log=self.logs / "autorecovery.log",
+            ready_text="autorecovery chaos ready",
+            environment=AUTORECOVERY_SETTINGS,
+        )
+        await self.autorecovery.start()
+
+    def processes(self) -> list[Process]:
+        found = [bookie.process for bookie in self.bookies.values()]
+        return found + ([self.autorecovery] if self.autorecovery is not None else [])
+
+    async def shutdown(self) -> None:
+        for process in self.processes():
+            await process.stop()
+        for bookie in self.bookies.values():
+            await bookie.proxy.close()
