@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` (the main job) and `make test` (the tests).
 # Each prepares its own environment first.
-.PHONY: run test lint bench env
+.PHONY: run test lint bench chaos env
 
 UV = $(shell scripts/bootstrap.sh)
 
@@ -25,3 +25,12 @@ lint:
 
 bench:
 	$(UV) run --frozen tally bench
+
+# The long chaos runs of issue 19 (docs/durability.md): 10 minutes of faults each, on the
+# embedded store and on a ZooKeeper ensemble. SEED=N picks another seed.
+SEED ?= 1
+chaos:
+	@scripts/ensure-zookeeper.sh
+	@uv=$$(scripts/bootstrap.sh) && \
+	$$uv run --frozen tally chaos --duration 10m --seed $(SEED) --metadata sqlite --out chaos-runs/sqlite-$(SEED) && \
+	$$uv run --frozen tally chaos --duration 10m --seed $(SEED) --metadata zk --out chaos-runs/zk-$(SEED)

@@ -1,0 +1,30 @@
+"""A short chaos run through the CLI, and what every such run must show."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from tests.support.processes import tally
+
+
+def check_short_run(out: Path, *options: str) -> None:
+    """Run `tally chaos` to completion and check its verdict, history and report."""
+    result = tally("chaos", "--out", str(out), "--writers", "2", *options, timeout=540)
+    report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
+    assert result.returncode == 0, result.stdout + result.stderr + report
+    assert "no violation: every invariant holds" in result.stdout
+    assert "Traceback" not in result.stderr
+    kinds: Counter[str] = Counter()
+    with (out / "history.jsonl").open() as history:
+        for line in history:
+            event = json.loads(line)
+            kinds[event["kind"]] += 1
+            if event["kind"] == "fault" and event["action"] == "start":
+                kinds[f"fault:{event['fault']}"] += 1
+    assert kinds["added"] > 500, kinds
+    assert kinds["final"] >= 4, kinds
+    assert sum(1 for kind in kinds if kind.startswith("fault:")) >= 3, kinds
+    assert (out / "report.html").read_text().count("<svg") == 1
+    assert not (out / "cluster").exists(), "a run that passed leaves no cluster data"
