@@ -184,6 +184,12 @@ EVENTS: dict[str, type[Event]] = {
 }
 
 
+_FIELD_NAMES = {
+    cls: frozenset(item.name for item in dataclasses.fields(cls)) for cls in EVENTS.values()
+}
+"""Each kind's fields, looked up once: a history has millions of lines to decode."""
+
+
 def encode_event(event: Event) -> str:
     """One line of JSON, without its newline."""
     fields: dict[str, Any] = {"kind": event.kind}
@@ -205,8 +211,7 @@ def decode_event(line: str, where: str = "history") -> Event:
     cls = EVENTS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedData(f"{where}: unknown event kind {kind!r}")
-    names = {item.name: item for item in dataclasses.fields(cls)}
-    unknown = set(fields) - set(names)
+    unknown = fields.keys() - _FIELD_NAMES[cls]
     if unknown:
         raise MalformedData(f"{where}: a {kind} event has no field {sorted(unknown)[0]!r}")
     for name, value in fields.items():
