@@ -56,6 +56,7 @@ from tally.core.replication import (
     RepairSchedule,
     TokenBucket,
 )
+from tally.failpoints import afailpoint
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ class ReplicationWorker:
         try:
             turn = await LedgerRepair(self, lock).run()
             if turn.outcome is Outcome.REPLICATED:
+                await afailpoint("replication.unmark")
                 held = False
                 if not await manager.mark_replicated(lock):
                     turn = Turn(
