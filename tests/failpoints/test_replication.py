@@ -1,6 +1,7 @@
 """The replication worker's steps: replication.copy (a RECOVERY_ADD of a copied entry),
 replication.commit (the metadata update that puts the new bookies in) and
-replication.unmark (the removal of the mark that ends a repair).
+replication.unmark (the removal of the mark that ends a repair), and metadata.cas under
+the last of them.
 
 A bookie of a closed E3 WQ2 AQ2 ledger is lost and the ledger marked; one spare bookie is
 left to replace it. Whatever step fails, the mark stays until a turn has done the whole
@@ -100,6 +101,11 @@ async def repaired(uri: str, ledger_id: LedgerId) -> bool:
     return not marked
 
 
+async def unlocked(uri: str) -> bool:
+    async with tally.Client(uri, config=CLIENT) as client:
+        return await client.context.ledgers.store.children(LOCKS) == []
+
+
 async def test_failed_copies_commit_nothing_and_leave_the_mark(tmp_path: Path) -> None:
     async with in_process_cluster(tmp_path, 4) as cluster:
         before, victim = await lose_a_bookie(cluster)
@@ -125,6 +131,21 @@ async def test_a_failed_unmark_leaves_the_mark_for_a_later_turn(tmp_path: Path) 
                 assert marked, "the mark stays until a turn removes it"
                 assert victim not in record.metadata.bookies(), "the copies were committed"
             await until(lambda: repaired(cluster.uri, before.ledger_id), "repaired after")
+        await assert_repaired(cluster.uri, before.ledger_id, victim)
+
+
+async def test_a_store_error_at_the_unmark_gives_the_lock_back(tmp_path: Path) -> None:
+    """The unmark's transaction (mark and lock deleted together) fails with a store error:
+    the worker must give its lock back, or no worker could ever take the ledger again."""
+    async with in_process_cluster(tmp_path, 4) as cluster:
+        before, victim = await lose_a_bookie(cluster)
+        # The repair's first compare-and-set is its commit, the second its unmark.
+        with enabled("metadata.cas", "1*off->1*error") as point:
+            async with running_worker(cluster.uri) as worker:
+                await until(lambda: worker.status()["failed"] >= 1, "the unmark failed")
+                await until(lambda: unlocked(cluster.uri), "the lock given back", timeout=5)
+                await until(lambda: repaired(cluster.uri, before.ledger_id), "repaired after")
+            assert point.hits >= 3
         await assert_repaired(cluster.uri, before.ledger_id, victim)
 
 
