@@ -141,15 +141,19 @@ class RawWriter:
         finally:
             await connection.close()
 
-    async def add_until_gone(self, window: int = 32) -> None:
-        """Keep `window` adds in flight until the bookie goes away."""
+    @property
+    def refused_count(self) -> int:
+        return sum(len(ids) for ids in self.refused.values())
+
+    async def add_until_refused(self, window: int = 32) -> None:
+        """Keep `window` adds in flight until the bookie refuses one or goes away."""
         connection = await BookieConnection.connect(self.address, request_timeout=10)
         pending: set[asyncio.Future[None]] = set()
         try:
             for number in itertools.count():
                 if len(pending) >= window:
                     _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if connection.closed:
+                if connection.closed or self.refused_count:
                     return
                 pending.add(self._send(connection, self.ledgers[number % len(self.ledgers)]))
                 if number % 16 == 0:

@@ -108,7 +108,7 @@ async def test_a_bookie_crashing_mid_checkpoint_replays_every_acknowledged_entry
         try:
             await asyncio.gather(*(asyncio.to_thread(b.start) for b in bookies.values()))
             writers = {name: RawWriter(b.address, LEDGERS) for name, b in bookies.items()}
-            await asyncio.gather(*(w.add_until_gone() for w in writers.values()))
+            await asyncio.gather(*(w.add_until_refused() for w in writers.values()))
             for name, bookie in bookies.items():
                 crashed_at(bookie, name)
                 assert writers[name].acknowledged_count >= 100, "crashed in a checkpoint"

@@ -5,14 +5,16 @@ file is written), and what it did acknowledge survives, a restart or a crash inc
 - error, in-process: the add whose batch failed is refused, later ones too while the
   journal is failed; every add acknowledged before and after reads back, also after a
   restart (replay stops where the failed file's durable records end);
-- crash, a bookie process of an E3 WQ3 AQ2 ledger dying at an fdatasync: the writer
-  changes its ensemble and goes on, every entry it saw acknowledged reads back, and the
-  restarted bookie answers every entry it had acknowledged (never NoSuchEntry).
+- crash or error, a bookie process of an E3 WQ3 AQ2 ledger failing at an fdatasync: the
+  writer changes its ensemble and goes on, every entry it saw acknowledged reads back,
+  and the bookie, read-only or restarted, answers every entry it had acknowledged (never
+  NoSuchEntry).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ from tests.failpoints.conftest import (
     read_back,
 )
 from tests.support.polling import until
-from tests.support.processes import BookieProcess, init_cluster
+from tests.support.processes import init_cluster
 
 CLIENT = ClientConfig(
     add_entry_timeout=5.0, read_timeout=5.0, speculative_read_timeout=1.0, session_timeout=5.0
@@ -76,11 +78,12 @@ async def _registered(cluster: InProcessCluster, bookie_id: str, mode: str) -> b
     return await cluster.registered_as(bookie_id) == mode
 
 
-async def test_a_bookie_crashing_at_fdatasync_is_routed_around_and_keeps_what_it_acknowledged(
-    tmp_path: Path,
+@pytest.mark.parametrize("action", ["crash", "error(EIO)"])
+async def test_a_bookie_failing_at_fdatasync_is_routed_around_and_keeps_what_it_acknowledged(
+    tmp_path: Path, action: str
 ) -> None:
     uri = init_cluster(tmp_path)
-    faulty = faulty_bookie(uri, tmp_path / "faulty", "journal.fdatasync=40*off->crash")
+    faulty = faulty_bookie(uri, tmp_path / "faulty", f"journal.fdatasync=40*off->{action}")
     async with in_process_cluster(tmp_path, 3, uri=uri) as cluster:
         try:
             await asyncio.to_thread(faulty.start)
@@ -88,11 +91,14 @@ async def test_a_bookie_crashing_at_fdatasync_is_routed_around_and_keeps_what_it
                 ledger = await _ledger_on(client, faulty.address)
                 raw = RawWriter(faulty.address, [LedgerId(0, 10**9)], size=200)
                 acknowledged: dict[int, bytes] = {}
-                writing = asyncio.create_task(_write_until(ledger, acknowledged, faulty))
-                await raw.add_until_gone()
-                crashed_at(faulty, "journal.fdatasync")
+                writing = asyncio.create_task(
+                    _write_until(ledger, acknowledged, lambda: raw.refused_count > 0)
+                )
+                await raw.add_until_refused()
+                if action == "crash":
+                    crashed_at(faulty, "journal.fdatasync")
                 await writing
-                assert raw.acknowledged_count > 0, "the bookie acknowledged adds before it died"
+                assert raw.acknowledged_count > 0, "the bookie acknowledged adds before"
                 await ledger.close()
                 metadata = ledger.metadata.metadata
                 assert len(metadata.segments) >= 2
@@ -102,6 +108,12 @@ async def test_a_bookie_crashing_at_fdatasync_is_routed_around_and_keeps_what_it
                 reader = await client.open_ledger(ledger.ledger_id, password=PASSWORD)
                 read = {e.entry_id: e.data async for e in reader.read(0, metadata.last_entry_id)}
                 assert {e: read[e] for e in acknowledged} == acknowledged
+            if action != "crash":  # refused, read-only, serving reads
+                assert faulty.process is not None
+                assert faulty.process.poll() is None
+                assert await read_back(faulty.address, raw.acknowledged, size=200) == (
+                    raw.acknowledged_count
+                )
         finally:
             faulty.kill()
         await cluster.take_over(faulty)
@@ -123,14 +135,14 @@ async def _ledger_on(client: tally.Client, bookie: str) -> LedgerWriter:
 
 
 async def _write_until(
-    writer: LedgerWriter, acknowledged: dict[int, bytes], faulty: BookieProcess
+    writer: LedgerWriter, acknowledged: dict[int, bytes], failed: Callable[[], bool]
 ) -> None:
-    """Append, 16 in flight, until the faulty bookie has died and 50 more entries were
-    acknowledged after it did; what was acknowledged."""
-    after_death = 0
+    """Append, 16 in flight, until the faulty bookie has `failed` and 50 more entries were
+    acknowledged after it did; what was acknowledged goes into `acknowledged`."""
+    after_failure = 0
     pending: set[asyncio.Future[int]] = set()
     number = 0
-    while after_death < 50:
+    while after_failure < 50:
         data = payload(writer.ledger_id, number, 300)
         future = writer.append_nowait(data)
         future.add_done_callback(
@@ -144,8 +156,8 @@ async def _write_until(
         number += 1
         if len(pending) >= 16:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if faulty.process is not None and faulty.process.poll() is not None:
-                after_death += len(done)
+            if failed():
+                after_failure += len(done)
     if pending:
         await asyncio.wait(pending)
     assert all(f.exception() is None for f in pending)
