@@ -90,6 +90,28 @@ async def test_a_failed_checkpoint_is_reported_and_gives_back_what_it_took(
         assert await read_back(bookie_id, writer.acknowledged) == writer.acknowledged_count
 
 
+async def test_a_checkpoint_out_of_room_is_tried_again_every_flush_interval(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint that failed gave its entries back to the write cache, full as when it
+    started: the next try waits flush_interval, as a checkpoint out of room is documented to
+    (and its log line says), rather than come at the loop's next turn, 0.1 s later. Every
+    failed try leaves an empty entry log behind (the log a failed write leaves is never
+    written again): tried ten times a second, a full disk got 26 of them in 3 s."""
+    async with in_process_cluster(tmp_path, 1, **SETTINGS) as cluster:
+        [bookie_id] = list(cluster.bookies)
+        writer = RawWriter(bookie_id, LEDGERS)
+        await writer.add(60)
+        with enabled("entry_log.write", "error(ENOSPC)") as point:
+            await writer.add(200)
+            await until(lambda: point.hits >= 1, "a checkpoint failed", timeout=10)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await until(lambda: point.hits >= 3, "two more tries", timeout=10)
+            interval = SETTINGS["flush_interval"]
+            assert loop.time() - started >= 2 * interval * 0.8, "tried again at once"
+
+
 async def _registered(cluster: InProcessCluster, bookie_id: str, mode: str) -> bool:
     return await cluster.registered_as(bookie_id) == mode
 
