@@ -1,8 +1,9 @@
 """metadata.cas: every compare-and-set of the metadata store (a versioned set or delete, a
 transaction with a versioned op), in every backend, fails with a store error and changes
-nothing; and the client operations built on it are reported failed with the metadata as
-it was: a writer's close, a recovery, an ensemble change. The ledger's entries are all
-there for the recovery that closes it once the store works again.
+nothing; and the client operations built on it (a writer's close, a recovery, an ensemble
+change) are reported failed with the metadata as it was, or, for a recovery whose close
+fails, IN_RECOVERY as designed. The ledger's entries are all there for the recovery that
+closes it once the store works again.
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ async def test_a_close_and_a_recovery_that_cannot_write_change_nothing(tmp_path:
             after = await client.context.ledgers.read_ledger_metadata(writer.ledger_id)
             assert (after.metadata, after.version) == (before.metadata, before.version)
             assert after.metadata.state is LedgerState.OPEN
+        # A recovery whose close cannot be written leaves the ledger IN_RECOVERY, for a
+        # later recovery to close: fenced, its end not decided.
+        with enabled("metadata.cas", "1*off->error") as point:
+            with pytest.raises(MetadataStoreError, match=FAILED):
+                await client.open_ledger(writer.ledger_id, password=PASSWORD)
+            assert point.hits == 2
+            after = await client.context.ledgers.read_ledger_metadata(writer.ledger_id)
+            assert after.metadata.state is LedgerState.IN_RECOVERY
+            assert after.metadata.segments == before.metadata.segments
         reader = await client.open_ledger(writer.ledger_id, password=PASSWORD)
         assert reader.last_entry_id == 9
         assert [e.data async for e in reader.read(0, 9)] == data
