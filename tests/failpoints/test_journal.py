@@ -40,7 +40,7 @@ from tests.support.processes import init_cluster
 CLIENT = ClientConfig(
     add_entry_timeout=5.0, read_timeout=5.0, speculative_read_timeout=1.0, session_timeout=5.0
 )
-FAST_RETRY = {"journal_retry_interval": 0.2, "disk_check_interval": 0.1}
+FAST_RETRY = {"journal_retry_interval": 0.5, "disk_check_interval": 0.1}
 
 
 @pytest.mark.parametrize("name", ["journal.write", "journal.fdatasync"])
