@@ -44,11 +44,17 @@ class Cluster:
     paused: set[str] = field(default_factory=set)
 
     def start(self, count: int) -> None:
-        self.bookies += [
-            BookieProcess(self.uri, self.root / f"bookie-{len(self.bookies) + i}")
-            for i in range(count)
-        ]
-        self._start_all(self.bookies)
+        self.add(self.new_bookies(count))
+
+    def new_bookies(self, count: int) -> list[BookieProcess]:
+        """`count` bookie processes for this cluster, not started."""
+        first = len(self.bookies)
+        return [BookieProcess(self.uri, self.root / f"bookie-{first + i}") for i in range(count)]
+
+    def add(self, bookies: list[BookieProcess]) -> None:
+        """Start `bookies` (of this cluster's store) in parallel, and count them in."""
+        self.bookies += bookies
+        self._start_all(bookies)
 
     def _start_all(self, bookies: list[BookieProcess]) -> None:
         """Start in parallel: each start waits for its bookie to register."""

@@ -98,6 +98,9 @@ class BookieProcess:
     log_path: Path | None = None
     program: tuple[str, ...] = ("tally.cli.main", "bookie")
     """The module run with `python -m`, and its arguments before the bookie's options."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables of this process beside the inherited ones (TALLY_FAILPOINTS,
+    say), for its next starts."""
 
     @property
     def address(self) -> str:
@@ -118,6 +121,7 @@ class BookieProcess:
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
+            env={**os.environ, **self.env},
         )  # fmt: skip
         self._wait_ready()
         return self
@@ -182,11 +186,14 @@ class AutoRecoveryProcess:
     process_id: str
     settings: Mapping[str, str] = field(default_factory=dict)
     client_settings: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Other environment variables of the process (TALLY_FAILPOINTS, say)."""
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> AutoRecoveryProcess:
         variables = {
+            **self.env,
             **{f"TALLY_AUTORECOVERY_{k.upper()}": v for k, v in self.settings.items()},
             **{f"TALLY_CLIENT_{k.upper()}": v for k, v in self.client_settings.items()},
         }

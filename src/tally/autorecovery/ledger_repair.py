@@ -44,6 +44,7 @@ from tally.core.replication import (
     replacements_of,
     targets_of,
 )
+from tally.failpoints import afailpoint
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.underreplication import ReplicationLock
 
@@ -400,9 +401,10 @@ class LedgerRepair:
 
     async def _write(self, bookie: str, raw: bytes, entry_id: int) -> bool:
         try:
+            await afailpoint("replication.copy")
             connection = await self.context.bookies.get(bookie)
             await connection.add(raw, self.fetcher.master_key, recovery=True)
-        except TallyError as error:
+        except (TallyError, OSError) as error:
             log.info(
                 "ledger %s entry %d: copy to bookie %s failed: %s",
                 self.name,
@@ -428,6 +430,7 @@ class LedgerRepair:
                 raise _SegmentChanged
             return current if updated == current else updated
 
+        await afailpoint("replication.commit")
         try:
             committed = await self.context.ledgers.update(
                 self.ledger_id, replace, current=record, attempts=CAS_ATTEMPTS

@@ -56,6 +56,7 @@ from tally.core.replication import (
     RepairSchedule,
     TokenBucket,
 )
+from tally.failpoints import afailpoint
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,12 @@ class ReplicationWorker:
         try:
             turn = await LedgerRepair(self, lock).run()
             if turn.outcome is Outcome.REPLICATED:
+                await afailpoint("replication.unmark")
+                replicated = await manager.mark_replicated(lock)
+                # Given back with its answer; a store error leaves it to `finally`, or the
+                # ledger would stay locked, never repaired, as long as this session lives.
                 held = False
-                if not await manager.mark_replicated(lock):
+                if not replicated:
                     turn = Turn(
                         Outcome.REMARKED, entries_copied=turn.entries_copied
                     )  # the mark stays, with the newly missing bookies

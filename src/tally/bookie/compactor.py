@@ -74,9 +74,16 @@ from tally.core.compaction import (
     FileUsage,
     plan_gc,
 )
-from tally.core.errors import EntryCorrupt, EntryUnreadable, IllegalOperation, MalformedData
+from tally.core.errors import (
+    EntryCorrupt,
+    EntryUnreadable,
+    IllegalOperation,
+    MalformedData,
+    WriteFailed,
+)
 from tally.core.ids import LedgerId
 from tally.core.replication import TokenBucket
+from tally.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -670,6 +677,7 @@ class Compactor:
             log.error("garbage collection: %s", done.failures[-1])
             return True
         self._index.sync()
+        _failpoint("compaction.before_remove")
         with self._maintenance:
             self._check_running()
             self._remove(file)
@@ -704,6 +712,7 @@ class Compactor:
                 for record in yielding(records)
             ]
             self._log.flush()
+            _failpoint("compaction.after_copy")
             batch = self._index.batch()
             deltas: dict[UsageKey, int] = defaultdict(int)
             for record, copy in yielding(zip(records, copies, strict=True)):
@@ -778,6 +787,15 @@ class Compactor:
             stats.moved_entries += report.moved_entries
             stats.moved_bytes += report.moved_bytes
             stats.last_files = report.files
+
+
+def _failpoint(name: str) -> None:
+    """A failpoint between two of compaction's writes: its error stands for the next
+    write's, a WriteFailed."""
+    try:
+        failpoint(name)
+    except OSError as error:
+        raise WriteFailed(f"garbage collection: {error}") from error
 
 
 def yielding(items: Iterable[T], after: float = YIELD_AFTER) -> Iterator[T]:

@@ -62,6 +62,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.protocol import EntryBytes
+from tally.failpoints import failpoint
 
 MAGIC = b"TALLYELG"
 FORMAT_VERSION = 1
@@ -216,6 +217,7 @@ class EntryLog:
             return
         path = self.directory / log_file_name(current)
         try:
+            failpoint("entry_log.write")
             if self._appender is not None:
                 self._appender.append(self._pending)
             else:

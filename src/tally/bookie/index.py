@@ -77,6 +77,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.scrub import ScrubPass, ScrubTrigger
+from tally.failpoints import failpoint
 
 Int64Array = npt.NDArray[np.int64]
 LOCATION_DTYPE = np.dtype([("log_id", ">u4"), ("offset", ">u8"), ("size", ">u4")])
@@ -841,6 +842,7 @@ class Index:
         """Apply a batch atomically, unsynced (durable at the next `sync`)."""
         self._writable()
         try:
+            failpoint("index.batch")
             self._db.write(batch._batch)
         except Exception as error:
             raise WriteFailed(f"index {self.path}: batch write failed: {error}") from error

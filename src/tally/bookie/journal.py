@@ -91,6 +91,7 @@ from tally.bookie.journal_staging import JournalStage, StagedBuffer
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, WriteFailed
+from tally.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -580,6 +581,7 @@ class Journal:
         try:
             if batch.previous is not None:
                 f = self._roll(f, batch)
+            failpoint("journal.write")
             with batch.padded() as data:
                 end = batch.start + len(data)
                 if end > f.allocated:
@@ -652,6 +654,7 @@ class Journal:
     def _fdatasync(self, files: dict[int, OpenFile]) -> None:
         if not self.fsync or not files:
             return
+        failpoint("journal.fdatasync")
         started = time.perf_counter()
         for f in files.values():
             os.fdatasync(f.fd)

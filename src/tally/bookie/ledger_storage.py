@@ -115,12 +115,14 @@ from tally.core.errors import (
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
+    WriteFailed,
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.metadata_copies import supersedes
 from tally.core.protocol import KEEP_IN_PLACE, EntryBytes, LedgerInfo
 from tally.core.scrub import ScrubPass
+from tally.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -857,6 +859,7 @@ class LedgerStorage:
             try:
                 batch = self._index.batch()
                 totals = self._append_entries(flushing, batch)
+                self._failpoint("checkpoint.after_flush")
                 with self._lock:
                     for ledger_id in sorted(dirty | totals.keys()):
                         state = self._states[ledger_id]
@@ -887,6 +890,7 @@ class LedgerStorage:
                     self._copies = {**copies, **self._copies}
                     self._limbo_changed |= limbo is not None
                 raise
+            self._failpoint("checkpoint.before_mark")
             self._index.sync()
             elapsed = time.monotonic() - started
             with self._lock:
@@ -895,6 +899,14 @@ class LedgerStorage:
                 self._counters.entries_kept_in_journal += len(flushing.kept)
                 self._counters.last_checkpoint_seconds = elapsed
                 self._counters.checkpoint_seconds_total += elapsed
+
+    def _failpoint(self, name: str) -> None:
+        """A failpoint between two of the checkpoint's writes: its error stands for the
+        next write's, a WriteFailed."""
+        try:
+            failpoint(name)
+        except OSError as error:
+            raise WriteFailed(f"checkpoint of {self.directory}: {error}") from error
 
     def _append_entries(self, cache: WriteCache, batch: IndexBatch) -> dict[LedgerId, _Totals]:
         """Append the cache to the entry log, sorted, and fdatasync it; put the locations.

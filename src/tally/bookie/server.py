@@ -443,19 +443,25 @@ class Bookie:
     async def _checkpoint_loop(self) -> None:
         interval = self.config.flush_interval
         last = time.monotonic()
+        failed = False
         while True:
             await asyncio.sleep(min(0.1, interval))
             full = self.storage.stats().cache_bytes >= self.config.write_cache_max_bytes
-            if not full and time.monotonic() - last < interval:
+            # A full cache is checkpointed at once, but not again just after a checkpoint
+            # failed (it gave its entries back: the cache is as full as before): a disk out
+            # of room is tried every `interval`, not at every turn of this loop.
+            if (failed or not full) and time.monotonic() - last < interval:
                 continue
             try:
                 await asyncio.to_thread(self._checkpoint_now)
             except WriteFailed as error:
+                failed = True
                 if classify_error(errno_of(error)) is DiskError.FULL:
                     self._checkpoint_out_of_room(error)
                 else:
                     self._io_error(f"checkpoint failed: {error}")
             else:
+                failed = False
                 if self.disk.checkpoint_out_of_room is not None:
                     self._change_disk(self.disk.with_checkpoint_done())
                     log.warning(

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Self
 
 from tally.core.errors import BadRequest, KeyExists, MetadataStoreError, SessionExpired
+from tally.failpoints import afailpoint
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,22 @@ def check_op(op: object) -> Op:
             raise BadRequest(f"CheckVersion of {op.path} needs a version")
         return op
     raise BadRequest(f"not a metadata transaction op: {op!r}")
+
+
+def _versioned(op: Op) -> bool:
+    """Whether the op is a compare-and-set: it holds only at a version."""
+    if isinstance(op, CheckVersion):
+        return True
+    return isinstance(op, SetData | Delete) and op.expected_version is not None
+
+
+async def _cas_failpoint() -> None:
+    """The failpoint every compare-and-set passes (a versioned set or delete, a transaction
+    with one), in every backend; its error is a store error, as a backend's would be."""
+    try:
+        await afailpoint("metadata.cas")
+    except OSError as error:
+        raise MetadataStoreError(f"metadata store: compare-and-set failed: {error}") from error
 
 
 class WatchKind(enum.Enum):
@@ -371,6 +388,8 @@ class MetadataStore(abc.ABC):
         """Replace the value; MetadataVersionConflict if `expected_version` is stale."""
         self._check_open()
         op = check_op(SetData(path, data, expected_version))
+        if expected_version is not None:
+            await _cas_failpoint()
         result = await self._transaction([op])
         assert isinstance(result[0], Stat)
         return result[0]
@@ -381,6 +400,8 @@ class MetadataStore(abc.ABC):
         op = check_op(Delete(path, expected_version))
         if op.path == ROOT:
             raise BadRequest("the root key cannot be deleted")
+        if expected_version is not None:
+            await _cas_failpoint()
         await self._transaction([op])
 
     async def children(self, path: str) -> list[str]:
@@ -404,6 +425,8 @@ class MetadataStore(abc.ABC):
             self._check_session()
         if not checked:
             return []
+        if any(_versioned(op) for op in checked):
+            await _cas_failpoint()
         return await self._transaction(checked)
 
     async def watch(self, path: str, kind: WatchKind, callback: WatchCallback) -> Watch:

@@ -362,6 +362,8 @@ class UnderReplicationManager:
 
         False when the ledger was re-marked meanwhile: the mark stays for another round.
         SessionExpired if the lock was lost with the session (another worker may hold it).
+        Any other error (the store failed) changed nothing: the lock is still held, and the
+        caller releases it.
         """
         self._check_own(lock)
         path = lock_path(lock.ledger_id)
