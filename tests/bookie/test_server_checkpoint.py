@@ -1,6 +1,6 @@
 """A bookie checkpoints from two threads (its checkpoint loop's and the garbage collector's);
 the marks it writes never go back, or a later start would replay from a journal file the
-newer checkpoint's release had already deleted."""
+newer checkpoint's release had already deleted. A checkpoint that fails is tried again."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import threading
 from pathlib import Path
 
 from tally.bookie.journal_format import JournalMark
+from tally.core.errors import EntryUnreadable
 from tests.bookie.conftest import KEY, connected, entry, in_process_bookie, new_ledger
+from tests.support.polling import until
 
 OVERTAKE_WINDOW = 1.0
 """How long the first checkpoint holds its mark, giving a second one the chance to pass."""
@@ -48,3 +50,24 @@ async def test_two_checkpoints_at_once_never_write_an_older_mark(tmp_path: Path)
             await asyncio.gather(first, second)
         assert len(written) == 2
         assert written[0] < written[1], f"checkpoint marks went back: {written}"
+
+
+async def test_a_checkpoint_that_cannot_read_its_index_is_tried_again(tmp_path: Path) -> None:
+    """An index read failing inside a checkpoint (EntryUnreadable, not WriteFailed) must
+    not end the checkpoint loop: the bookie would stop checkpointing, unseen."""
+    async with in_process_bookie(tmp_path / "bookie", flush_interval=0.2) as node:
+        bookie = node.bookie
+        storage_checkpoint = bookie.storage.checkpoint
+        tries: list[str] = []
+
+        def checkpoint(mark: bytes) -> None:
+            if not tries:
+                tries.append("failed")
+                raise EntryUnreadable("an index read failed during the checkpoint")
+            tries.append("done")
+            storage_checkpoint(mark)
+
+        bookie.storage.checkpoint = checkpoint  # type: ignore[method-assign]
+        async with connected(bookie.address) as connection:
+            await connection.add(entry(new_ledger(), 0), KEY)
+        await until(lambda: "done" in tries, "a checkpoint after the failed one", timeout=10)

@@ -48,6 +48,7 @@ from tally.core.disk_usage import BookieMode, DiskPolicy, DiskState
 from tally.core.errors import (
     BadRequest,
     ClusterNotInitialised,
+    EntryUnreadable,
     TallyError,
     WriteFailed,
 )
@@ -454,7 +455,7 @@ class Bookie:
                 continue
             try:
                 await asyncio.to_thread(self._checkpoint_now)
-            except WriteFailed as error:
+            except (WriteFailed, EntryUnreadable) as error:  # an index read fails it too
                 failed = True
                 if classify_error(errno_of(error)) is DiskError.FULL:
                     self._checkpoint_out_of_room(error)
@@ -551,7 +552,7 @@ class Bookie:
         self._failures.add(task)
         task.add_done_callback(self._failures.discard)
 
-    def _checkpoint_out_of_room(self, error: WriteFailed) -> None:
+    def _checkpoint_out_of_room(self, error: TallyError) -> None:
         """Read-only, serving reads, until a checkpoint succeeds: the write cache cannot be
         emptied, so adds would only pile up in it and in the journal."""
         if self._change_disk(self.disk.with_checkpoint_out_of_room(str(error))):
