@@ -519,3 +519,43 @@ async def test_an_open_ledger_whose_writer_is_gone_is_fenced_closed_and_repaired
             await connection.close()
     assert metric("replication_worker_num_open_ledgers_fenced_total") - fenced_before == 1
     await assert_every_copy(cluster.uri, writer.ledger_id)
+
+
+async def test_entries_acknowledged_while_the_worker_plans_are_not_listed_lost(
+    cluster: Cluster,
+) -> None:
+    """The writer of an open ledger goes on while the worker asks the bookies what they hold.
+    The worker must take the LAC before their lists, not after: a LAC that moved on in
+    between would judge the entries acknowledged meanwhile as held by none (a chaos run
+    listed one lost, and its mark then stayed for good)."""
+    async with tally.Client(cluster.uri, config=CLIENT) as client:
+        writer = await write_ledger(client, 20, close=False)
+        victim = writer.metadata.metadata.segments[0].ensemble[1]
+        await kill_and_wait(cluster, victim)
+        for e in range(20, 30):  # the writer replaces the dead bookie: segment 0 stays
+            await writer.append(payload(writer.ledger_id, e))
+        assert victim not in writer.metadata.metadata.segments[-1].ensemble
+        await client.context.under_replication.mark_under_replicated(writer.ledger_id, [victim])
+        async with running_worker(cluster.uri) as worker:
+            original = worker.context.availability
+            appended = asyncio.Lock()
+            done: list[int] = []
+
+            async def availability(bookie: str, ledger_id: LedgerId) -> object:
+                held = await original(bookie, ledger_id)
+                async with appended:  # the lists are taken: the writer moves on meanwhile
+                    if not done:
+                        for e in range(30, 35):
+                            done.append(await writer.append(payload(writer.ledger_id, e)))
+                return held
+
+            worker.context.availability = availability  # type: ignore[method-assign]
+            await until(
+                lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired"
+            )
+            assert done == [30, 31, 32, 33, 34]
+            await counted(worker, "replicated", 1)
+        lost = await client.context.under_replication.lost_entries(writer.ledger_id)
+        assert lost is None, lost
+        await writer.close()
+    await assert_every_copy(cluster.uri, writer.ledger_id)

@@ -199,6 +199,10 @@ class LedgerRepair:
     async def _plan(self, record: LedgerRecord) -> ReplicationPlan:
         available = await self.context.registry.available_bookies()
         registered = available.writable | available.read_only
+        # The LAC first: every entry up to it is on its bookies before their lists are
+        # taken. Taken after the lists, a LAC that moved on meanwhile would judge entries
+        # acknowledged in between as held by none (a chaos run listed such an entry lost).
+        last_add_confirmed = await self._open_last_add_confirmed(record.metadata, registered)
         asked = sorted(record.metadata.bookies() & registered)
         answers = await asyncio.gather(
             *(self.context.availability(bookie, self.ledger_id) for bookie in asked)
@@ -216,7 +220,7 @@ class LedgerRepair:
             registered,
             availability,
             bad_copies,
-            await self._open_last_add_confirmed(record.metadata, registered),
+            last_add_confirmed,
         )
 
     async def _open_last_add_confirmed(
