@@ -18,6 +18,7 @@ from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.paths import SETTINGS, TOMBSTONE_RECORDS
 from tally.metadata.store import MetadataStore
 from tally.metadata.tombstones import acknowledge_tombstone, read_tombstone
+from tally.metadata.underreplication import UnderReplicationManager
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import sample_metadata
 
@@ -218,3 +219,27 @@ async def test_settings_default_when_absent_and_a_bad_record_is_an_error(
         await store.set(SETTINGS, b'{"kind": "cluster-settings"}')
         with pytest.raises(MalformedData, match="cluster settings"):
             await read_settings(store)
+
+
+async def test_a_tombstone_takes_the_ledger_s_mark_and_lost_entries_with_it(
+    backend: Backend,
+) -> None:
+    """A ledger deleted while marked under-replicated (or listed lost) has nothing left to
+    repair; a mark left behind would never be taken again and keep the cluster unsettled
+    (a chaos run's settling waited for one for good)."""
+    async with backend.open() as store:
+        await init_cluster(store)
+        await write_settings(store, ClusterSettings(ledger_delete_retention=0))
+        record = await closed_ledger(store, 3)
+        marks = UnderReplicationManager(store)
+        mark = await marks.mark_under_replicated(record.ledger_id, ["bk1:3181"])
+        await marks.record_lost_entries(
+            record.ledger_id, [(4, 4)], "no copy", mark_version=mark.version
+        )
+        kept = await closed_ledger(store, 4)
+        await marks.mark_under_replicated(kept.ledger_id, ["bk1:3181"])
+        outcome = await delete(store, record.ledger_id)
+        assert outcome.tombstone is not None
+        assert await marks.under_replicated(record.ledger_id) is None
+        assert await marks.lost_entries(record.ledger_id) is None
+        assert await marks.under_replicated(kept.ledger_id) is not None

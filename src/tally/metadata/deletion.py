@@ -43,6 +43,7 @@ from tally.metadata.tombstones import (
     remove_tombstone,
     tombstone_pages,
 )
+from tally.metadata.underreplication import UnderReplicationManager
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,7 @@ async def tombstone_ledger(
         except (MetadataVersionConflict, KeyExists):
             return None
         await prune_parents(store, LEDGER_METADATA.parents(ledger_id))
+        await UnderReplicationManager(store).forget_deleted(ledger_id)
         log.info(
             "ledger %s: metadata replaced by its tombstone; bookies %s are to drop its data",
             ledger_id,

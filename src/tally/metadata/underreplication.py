@@ -552,6 +552,14 @@ class UnderReplicationManager:
                 except MalformedData as e:
                     log.error("skipping an unreadable lost-entries record: %s", e)
 
+    async def forget_deleted(self, ledger_id: LedgerId) -> None:
+        """Drop the mark and the lost-entries record of a ledger replaced by its tombstone:
+        there is nothing left to repair, and a mark left would never be taken again (a
+        worker that holds it finds it gone and lets go)."""
+        if await delete_if_present(self.store, UNDER_REPLICATION_MARKS.path(ledger_id)):
+            await prune_parents(self.store, UNDER_REPLICATION_MARKS.parents(ledger_id))
+        await self.clear_lost_entries(ledger_id)
+
     async def clear_lost_entries(self, ledger_id: LedgerId) -> bool:
         """Take the ledger off the list (repaired, deleted, or an operator's decision)."""
         removed = await delete_if_present(self.store, LOST_ENTRY_RECORDS.path(ledger_id))
