@@ -525,7 +525,13 @@ class Scrubber:
                 damaged = True  # not even a record's header left: padding, or damage
             if damaged:
                 position += parsed
-                if not self._padding(log_id, position, end):
+                try:
+                    padded = self._padding(log_id, position, end)
+                except EntryUnreadable:
+                    if self._log.readable_end(log_id) is None:
+                        return position, True, True  # compacted meanwhile: its entries moved
+                    raise
+                if not padded:
                     log.warning(
                         "scrub: entry log %s: no record can be parsed at offset %d; the "
                         "entries the index places past it are read one by one",
