@@ -175,8 +175,16 @@ class ChaosWriter:
             if pause > 0:
                 await asyncio.sleep(pause)
             payload = entry_payload(self.seed, self.log, name, entry)
-            future = writer.append_nowait(payload, None)
-            future.add_done_callback(self._on_added(name, entry, payload, failures))
+            added = self._on_added(name, entry, payload, failures)
+            try:
+                future = writer.append_nowait(payload, None)
+            except TallyError as error:  # refused at once: the writer stopped (no bookies)
+                refused: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                refused.set_exception(error)
+                refused.add_done_callback(added)
+                in_flight.add(refused)
+                break
+            future.add_done_callback(added)
             in_flight.add(future)
         if in_flight:
             await asyncio.wait(in_flight)
