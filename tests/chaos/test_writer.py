@@ -7,7 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from tally.chaos.writer import ChaosWriter, History
+from tally.chaos.history_file import HistoryFile
+from tally.chaos.writer import ChaosWriter
 from tally.core.errors import NotEnoughBookies
 
 
@@ -23,7 +24,7 @@ async def test_an_add_refused_at_once_is_recorded_failed_and_ends_the_ledger(
 ) -> None:
     """Two long chaos runs saw writer processes die of it (exit status 1) and be taken
     over as if killed: the refusal must end the ledger like a failed add, not the process."""
-    history = History(tmp_path / "writer.jsonl", epoch=0.0)
+    history = HistoryFile(tmp_path / "writer.jsonl", epoch=0.0)
     writer = ChaosWriter(None, history, "log-0", seed=1, rate=1000.0)  # type: ignore[arg-type]
     failed = await writer.append_all(StoppedWriter(), "7", count=5)  # type: ignore[arg-type]
     history.close()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from tally.bookie.entry_log import FILE_HEADER_SIZE
 from tally.chaos.cluster import ChaosCluster, Process
+from tally.chaos.history_file import HistoryFile
 from tally.chaos.proxy import Cut, Delay, Partition, Reset, Stall
-from tally.chaos.workload import HistoryFile, Writers
+from tally.chaos.workload import Writers
 from tally.core.chaos.history import Fault
 from tally.core.chaos.schedule import AUTORECOVERY, ZOOKEEPER_FAULTS, FaultKind, PlannedFault
 from tally.metadata.zk_ensemble import ZooKeeperEnsemble

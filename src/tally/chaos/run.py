@@ -21,9 +21,10 @@ from pathlib import Path
 
 from tally.chaos.cluster import ChaosCluster
 from tally.chaos.faults import FaultInjector
+from tally.chaos.history_file import HistoryFile
 from tally.chaos.report import SAMPLES
 from tally.chaos.settle import judge, look, read_back, settle
-from tally.chaos.workload import HistoryCollector, HistoryFile, Logs, Readers, Writers
+from tally.chaos.workload import HistoryCollector, Logs, Readers, Writers
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.chaos.history import End, Run

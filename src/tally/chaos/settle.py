@@ -23,7 +23,7 @@ from typing import Any
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
 from tally.chaos.cluster import ChaosCluster, tally_argv
-from tally.chaos.workload import HistoryFile
+from tally.chaos.history_file import HistoryFile
 from tally.chaos.writer import PASSWORD
 from tally.client.client import Client
 from tally.core.chaos.history import Final, Settled, content_digest

@@ -16,13 +16,12 @@ import contextlib
 import logging
 import random
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from tally.chaos.cluster import Process
+from tally.chaos.history_file import HistoryFile
 from tally.chaos.writer import PASSWORD
 from tally.client.client import Client
 from tally.client.reader import LedgerReader
@@ -35,7 +34,6 @@ from tally.core.chaos.history import (
     Recovered,
     content_digest,
     decode_event,
-    encode_event,
 )
 from tally.core.errors import LedgerDeleted, NoSuchLedger, TallyError
 
@@ -48,30 +46,6 @@ READ_BATCH = 200
 RETENTION_INTERVAL = 4.0
 KEEP_LEDGERS = 3
 """Closed ledgers each log keeps; older ones are deleted."""
-
-
-class HistoryFile:
-    """The run's history: events written a line at a time, flushed."""
-
-    def __init__(self, path: Path, epoch: float) -> None:
-        self.path = path
-        self.epoch = epoch
-        self._file: IO[str] = path.open("a", encoding="utf-8")
-        self.events = 0
-
-    def now(self) -> float:
-        return time.time() - self.epoch
-
-    def write(self, event: Event) -> None:
-        self.write_line(encode_event(event))
-
-    def write_line(self, line: str) -> None:
-        self._file.write(line + "\n")
-        self._file.flush()
-        self.events += 1
-
-    def close(self) -> None:
-        self._file.close()
 
 
 @dataclass

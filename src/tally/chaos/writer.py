@@ -24,19 +24,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
+from tally.chaos.history_file import HistoryFile
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
 from tally.core.chaos.history import (
     Added,
     Closed,
-    Event,
     LedgerOpened,
     Recovered,
     content_digest,
-    encode_event,
 )
 from tally.core.errors import TallyError
 from tally.core.ids import LedgerId
@@ -64,26 +62,8 @@ def entry_payload(seed: int, log: str, ledger: str, entry: int) -> bytes:
     return b""
 
 
-class History:
-    """This writer's history file: a line per event, written through at once."""
-
-    def __init__(self, path: Path, epoch: float) -> None:
-        self._file: IO[str] = path.open("a", encoding="utf-8")
-        self._epoch = epoch
-
-    def now(self) -> float:
-        return time.time() - self._epoch
-
-    def write(self, event: Event) -> None:
-        self._file.write(encode_event(event) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
 class ChaosWriter:
-    def __init__(self, client: Client, history: History, log_name: str, seed: int, rate: float):
+    def __init__(self, client: Client, history: HistoryFile, log_name: str, seed: int, rate: float):
         self.client = client
         self.history = history
         self.log = log_name
@@ -247,7 +227,7 @@ class ChaosWriter:
 
 
 async def _main(arguments: argparse.Namespace) -> None:
-    history = History(Path(arguments.history), arguments.epoch)
+    history = HistoryFile(Path(arguments.history), arguments.epoch)
     async with Client(arguments.metadata, config=CONFIG) as client:
         writer = ChaosWriter(client, history, arguments.log, arguments.seed, arguments.rate)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, writer.stopping.set)
