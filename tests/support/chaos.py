@@ -113,19 +113,7 @@ class Script:
         outcome: Outcome = "ok",
         t: float | None = None,
     ) -> Script:
-        at = self._at(t)
-        self.events.append(
-            Closed(
-                t=at,
-                t_start=at - 0.5,
-                actor=actor,
-                log="log-0",
-                ledger=ledger,
-                outcome=outcome,
-                last_entry=last_entry,
-            )
-        )
-        return self
+        return self._ended(Closed, ledger, last_entry, actor, outcome, t)
 
     def recover(
         self,
@@ -136,9 +124,20 @@ class Script:
         outcome: Outcome = "ok",
         t: float | None = None,
     ) -> Script:
+        return self._ended(Recovered, ledger, last_entry, actor, outcome, t)
+
+    def _ended(
+        self,
+        kind: type[Closed | Recovered],
+        ledger: str,
+        last_entry: int,
+        actor: str,
+        outcome: Outcome,
+        t: float | None,
+    ) -> Script:
         at = self._at(t)
         self.events.append(
-            Recovered(
+            kind(
                 t=at,
                 t_start=at - 0.5,
                 actor=actor,

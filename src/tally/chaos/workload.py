@@ -26,12 +26,12 @@ from tally.chaos.writer import PASSWORD
 from tally.client.client import Client
 from tally.client.reader import LedgerReader
 from tally.core.chaos.history import (
-    Closed,
+    Added,
     Deleted,
+    Ended,
     Event,
     LedgerOpened,
     Read,
-    Recovered,
     content_digest,
     decode_event,
 )
@@ -74,12 +74,12 @@ class Logs:
     def observe(self, event: Event) -> None:
         if isinstance(event, LedgerOpened):
             self.by_name.setdefault(event.log, LogState()).ledgers.append(event.ledger)
-        elif isinstance(event, Closed | Recovered) and event.outcome == "ok":
+        elif isinstance(event, Ended) and event.outcome == "ok":
             self.by_name.setdefault(event.log, LogState()).ended.add(event.ledger)
         elif isinstance(event, Deleted) and event.outcome == "ok":
             self.by_name.setdefault(event.log, LogState()).deleted.add(event.ledger)
-        elif event.kind == "added":
-            if getattr(event, "outcome", "") == "ok":
+        elif isinstance(event, Added):
+            if event.outcome == "ok":
                 self.acknowledged += 1
             else:
                 self.failed_adds += 1

@@ -33,6 +33,7 @@ from tally.core.chaos.history import (
     Added,
     Closed,
     LedgerOpened,
+    Outcome,
     Recovered,
     content_digest,
 )
@@ -87,30 +88,13 @@ class ChaosWriter:
             try:
                 reader = await self.client.open_ledger(ledger_id, password=PASSWORD)
             except TallyError as error:
-                self.history.write(self._recovered(started, ledger_id, "failed", -1, error))
+                self._ended(
+                    Recovered, started, ledger_id.qualified_name, "failed", error=str(error)
+                )
                 await asyncio.sleep(RETRY_DELAY)
                 continue
-            self.history.write(self._recovered(started, ledger_id, "ok", reader.last_entry_id))
+            self._ended(Recovered, started, ledger_id.qualified_name, "ok", reader.last_entry_id)
             return
-
-    def _recovered(
-        self,
-        started: float,
-        ledger_id: LedgerId,
-        outcome: str,
-        last_entry: int,
-        error: BaseException | None = None,
-    ) -> Recovered:
-        return Recovered(
-            t=self.history.now(),
-            t_start=started,
-            actor=self.actor,
-            log=self.log,
-            ledger=ledger_id.qualified_name,
-            outcome="ok" if outcome == "ok" else "failed",
-            last_entry=last_entry,
-            error="" if error is None else str(error),
-        )
 
     async def one_ledger(self) -> None:
         ensemble, write_quorum, ack_quorum = self.rng.choice(QUORUMS)
@@ -203,23 +187,30 @@ class ChaosWriter:
         try:
             await writer.close()
         except TallyError as error:
-            self._closed(started, name, "failed", error=str(error))
+            self._ended(Closed, started, name, "failed", error=str(error))
             await self.recover(writer.ledger_id)  # the log's next ledger waits for its end
             return
         early = "an add failed: closed early" if failed else ""
-        self._closed(started, name, "ok", writer.last_add_confirmed, early)
+        self._ended(Closed, started, name, "ok", writer.last_add_confirmed, early)
 
-    def _closed(
-        self, started: float, name: str, outcome: str, last_entry: int = -1, error: str = ""
+    def _ended(
+        self,
+        kind: type[Closed | Recovered],
+        started: float,
+        name: str,
+        outcome: Outcome,
+        last_entry: int = -1,
+        error: str = "",
     ) -> None:
+        """Record a close of the ledger, or its recovery, and how it went."""
         self.history.write(
-            Closed(
+            kind(
                 t=self.history.now(),
                 t_start=started,
                 actor=self.actor,
                 log=self.log,
                 ledger=name,
-                outcome="ok" if outcome == "ok" else "failed",
+                outcome=outcome,
                 last_entry=last_entry,
                 error=error,
             )

@@ -35,9 +35,9 @@ from typing import NamedTuple
 
 from tally.core.chaos.history import (
     Added,
-    Closed,
     Deleted,
     End,
+    Ended,
     Event,
     Fault,
     Final,
@@ -204,7 +204,7 @@ class _Checker:
                     self._acknowledged(event)
                 else:
                     self._ledger(event.ledger)
-            case Closed() | Recovered():
+            case Ended():
                 self.operations += 1
                 ledger = self._ledger(event.ledger)
                 if event.outcome == "ok":

@@ -91,8 +91,9 @@ class Added(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Closed(Event):
-    kind: ClassVar[str] = "closed"
+class Ended(Event):
+    """A ledger's end as a client made it: closed by its writer, or recovered."""
+
     t_start: float
     actor: str
     log: str
@@ -103,15 +104,13 @@ class Closed(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Recovered(Event):
+class Closed(Ended):
+    kind: ClassVar[str] = "closed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovered(Ended):
     kind: ClassVar[str] = "recovered"
-    t_start: float
-    actor: str
-    log: str
-    ledger: str
-    outcome: Outcome
-    last_entry: int = -1
-    error: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
