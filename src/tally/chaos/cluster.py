@@ -14,16 +14,16 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tally.chaos.proxy import FaultProxy
 from tally.core.errors import IllegalOperation, Timeout
+from tally.local.processes import free_ports, log_since, signal_group
+from tally.local.services import tally_command
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +54,12 @@ AUTORECOVERY_SETTINGS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def tally_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tally.cli.main", *args]
-
-
 @dataclass
 class Process:
     """One process of the run: how to start it, its log, and the one running now."""
 
     name: str
-    argv: list[str]
+    argv: Sequence[str]
     log: Path
     ready_text: str | None
     environment: Mapping[str, str] = field(default_factory=dict)
@@ -95,15 +85,13 @@ class Process:
             )
         self.paused = self.stopped = False
         if self.ready_text is not None:
-            await self._wait_ready(offset, self.ready_text.encode())
+            await self._wait_ready(offset, self.ready_text)
 
-    async def _wait_ready(self, offset: int, ready: bytes) -> None:
+    async def _wait_ready(self, offset: int, ready: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
-            with self.log.open("rb") as output:
-                output.seek(offset)
-                if ready in output.read():
-                    return
+            if ready in log_since(self.log, offset):
+                return
             if not self.running:
                 raise IllegalOperation(f"{self.name} exited at start: see {self.log}")
             await asyncio.sleep(0.1)
@@ -115,7 +103,7 @@ class Process:
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signum)
+            signal_group(self.process.pid, signum)
 
     async def kill(self) -> None:
         self.signal(signal.SIGKILL)
@@ -176,14 +164,13 @@ class ChaosCluster:
         return self.root / "logs"
 
     async def add_bookie(self, index: int) -> ChaosBookie:
-        listen = free_port()
+        listen, metrics_port = free_ports(2)
         proxy = await FaultProxy.start(HOST, listen)
         data_dir = self.root / f"bookie-{index}"
-        metrics_port = free_port()
         advertised = f"{HOST}:{proxy.port}"
         process = Process(
             name=f"bookie-{index}",
-            argv=tally_argv(
+            argv=tally_command(
                 "bookie",
                 "--metadata",
                 self.metadata,
@@ -207,7 +194,7 @@ class ChaosCluster:
     async def start_autorecovery(self) -> None:
         self.autorecovery = Process(
             name="autorecovery",
-            argv=tally_argv("autorecovery", "--metadata", self.metadata, "--id", "chaos"),
+            argv=tally_command("autorecovery", "--metadata", self.metadata, "--id", "chaos"),
             log=self.logs / "autorecovery.log",
             ready_text="autorecovery chaos ready",
             environment=AUTORECOVERY_SETTINGS,

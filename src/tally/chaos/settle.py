@@ -22,13 +22,14 @@ from typing import Any
 
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
-from tally.chaos.cluster import ChaosCluster, tally_argv
+from tally.chaos.cluster import ChaosCluster
 from tally.chaos.history_file import HistoryFile
 from tally.chaos.writer import PASSWORD
 from tally.client.client import Client
 from tally.core.chaos.history import Final, Settled, content_digest
 from tally.core.errors import LedgerDeleted, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
+from tally.local.services import tally_command
 from tally.metadata.tombstones import tombstone_pages
 from tally.metadata.underreplication import UnderReplicationManager
 
@@ -163,8 +164,8 @@ async def _audit(uri: str, out: Path) -> tuple[int, str]:
     """The Spark audit of a snapshot taken now: its violations, and where its report is."""
     snapshot, report = out / "audit" / "snapshot", out / "audit" / "report"
     for argv in (
-        tally_argv("audit", "snapshot", "--metadata", uri, "--out", str(snapshot)),
-        tally_argv(
+        tally_command("audit", "snapshot", "--metadata", uri, "--out", str(snapshot)),
+        tally_command(
             "audit",
             "run",
             "--snapshot",

@@ -106,9 +106,10 @@ def run(
 
 
 def _counts(verdict: Verdict) -> dict[str, int]:
+    """How much the verdict checked: for the report and for --json."""
     return {
         "operations": verdict.operations,
-        "acknowledged_adds": verdict.acknowledged,
+        "acknowledged": verdict.acknowledged,
         "ledgers": verdict.ledgers,
         "reads_checked": verdict.reads_checked,
     }
@@ -171,10 +172,7 @@ def _as_json(verdict: Verdict) -> dict[str, Any]:
     """The verdict for programs: its counts and every violation."""
     return {
         "ok": verdict.ok,
-        "operations": verdict.operations,
-        "acknowledged": verdict.acknowledged,
-        "ledgers": verdict.ledgers,
-        "reads_checked": verdict.reads_checked,
+        **_counts(verdict),
         "faults": dict(verdict.faults),
         "violations": [
             {
