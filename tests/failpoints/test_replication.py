@@ -13,18 +13,15 @@ the mark goes, and every copy of every entry is on the bookies of its write set.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import tally
 from tally.autorecovery.config import AutoRecoveryConfig
-from tally.autorecovery.replication_worker import ReplicationWorker
-from tally.client.config import ClientConfig
 from tally.core.ids import LedgerId
 from tally.failpoints import CRASH_EXIT_CODE, enabled
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import LOCKS
+from tests.autorecovery.test_replication_worker import CLIENT, running_worker
 from tests.failpoints.conftest import (
     PASSWORD,
     InProcessCluster,
@@ -36,28 +33,12 @@ from tests.support.cluster import SESSION_TIMEOUT, replica_copies
 from tests.support.polling import until
 from tests.support.processes import AutoRecoveryProcess, init_cluster
 
-CLIENT = ClientConfig(
-    add_entry_timeout=2.0, read_timeout=1.5, speculative_read_timeout=0.3, session_timeout=5.0
-)
 FAST = AutoRecoveryConfig(
     under_replicated_poll_interval=0.2,
     replication_backoff_initial=0.1,
     replication_backoff_max=0.2,
 )
 ENTRIES = 20
-
-
-@contextlib.asynccontextmanager
-async def running_worker(uri: str) -> AsyncIterator[ReplicationWorker]:
-    async with tally.Client(uri, config=CLIENT) as client:
-        worker = ReplicationWorker(client.context, FAST, "failpoints", passwords=(PASSWORD,))
-        task = asyncio.create_task(worker.run())
-        try:
-            yield worker
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def lose_a_bookie(cluster: InProcessCluster) -> tuple[LedgerRecord, str]:
@@ -109,7 +90,7 @@ async def unlocked(uri: str) -> bool:
 async def test_failed_copies_commit_nothing_and_leave_the_mark(tmp_path: Path) -> None:
     async with in_process_cluster(tmp_path, 4) as cluster:
         before, victim = await lose_a_bookie(cluster)
-        async with running_worker(cluster.uri) as worker:
+        async with running_worker(cluster.uri, FAST, "failpoints", (PASSWORD,)) as worker:
             with enabled("replication.copy", "error") as point:
                 await until(lambda: worker.status()["failed"] >= 2, "two failed turns")
                 record, marked, _ = await state(cluster.uri, before.ledger_id)
@@ -124,7 +105,7 @@ async def test_failed_copies_commit_nothing_and_leave_the_mark(tmp_path: Path) -
 async def test_a_failed_unmark_leaves_the_mark_for_a_later_turn(tmp_path: Path) -> None:
     async with in_process_cluster(tmp_path, 4) as cluster:
         before, victim = await lose_a_bookie(cluster)
-        async with running_worker(cluster.uri) as worker:
+        async with running_worker(cluster.uri, FAST, "failpoints", (PASSWORD,)) as worker:
             with enabled("replication.unmark", "error"):
                 await until(lambda: worker.status()["failed"] >= 2, "two failed turns")
                 record, marked, _ = await state(cluster.uri, before.ledger_id)
@@ -141,7 +122,7 @@ async def test_a_store_error_at_the_unmark_gives_the_lock_back(tmp_path: Path) -
         before, victim = await lose_a_bookie(cluster)
         # The repair's first compare-and-set is its commit, the second its unmark.
         with enabled("metadata.cas", "1*off->1*error") as point:
-            async with running_worker(cluster.uri) as worker:
+            async with running_worker(cluster.uri, FAST, "failpoints", (PASSWORD,)) as worker:
                 await until(lambda: worker.status()["failed"] >= 1, "the unmark failed")
                 await until(lambda: unlocked(cluster.uri), "the lock given back", timeout=5)
                 await until(lambda: repaired(cluster.uri, before.ledger_id), "repaired after")
@@ -177,7 +158,7 @@ async def test_a_worker_crashing_before_its_commit_leaves_the_ledger_to_another(
         record, marked, _ = await state(uri, before.ledger_id)
         assert marked
         assert (record.metadata, record.version) == (before.metadata, before.version)
-        async with running_worker(uri):
+        async with running_worker(uri, FAST, "failpoints", (PASSWORD,)):
             await until(
                 lambda: repaired(uri, before.ledger_id),
                 "repaired by another worker",
