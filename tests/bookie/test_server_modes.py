@@ -101,6 +101,24 @@ async def test_the_registration_dies_with_a_killed_bookie(cluster: str, tmp_path
             assert await gone()  # ... and a clean stop unregisters at once
 
 
+async def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_bookie_goes_on(
+    cluster: str, tmp_path: Path
+) -> None:
+    """What an operator (and a test whose bookie will not stop) sees of a stuck process."""
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie")
+    with running(bookie):
+        bookie.signal(signal.SIGUSR1)
+        await until(  # the main thread's stack, down to the command's own frame
+            lambda: (
+                "(most recent call first)" in bookie.log() and "tally/cli/bookie.py" in bookie.log()
+            ),
+            "the stacks written to the log",
+        )
+        async with connected(bookie.address) as connection:
+            await connection.add(entry(new_ledger(), 0, b"still serving"), KEY)
+        assert bookie.stop() == 0
+
+
 async def test_a_bookie_paused_past_its_session_exits_asking_for_a_restart(
     cluster: str, tmp_path: Path
 ) -> None:

@@ -146,13 +146,31 @@ class BookieProcess:
     def stop(self) -> int:
         """SIGTERM and wait for a clean exit; returns the exit code."""
         assert self.process is not None
-        if self.process.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.process.returncode
+        return stop_process(self.process, self.log)
+
+
+STOP_TIMEOUT = 30.0
+
+
+def stop_process(process: subprocess.Popen[bytes], log: Callable[[], str]) -> int:
+    """SIGTERM a process group and wait for a clean exit; returns the exit code. One that
+    has not exited within STOP_TIMEOUT is asked for its threads' stacks (SIGUSR1, see
+    tally.cli.main), then SIGKILLed, and its log's end goes to stderr, which pytest shows
+    with the failure that follows (exit code -9)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(2)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+            print(f"no exit {STOP_TIMEOUT:g}s after SIGTERM; its log ends:", file=sys.stderr)
+            print(log()[-20_000:], file=sys.stderr)
+    return process.returncode
 
 
 def wait_for_output(
@@ -223,13 +241,7 @@ class AutoRecoveryProcess:
 
     def stop(self) -> int:
         assert self.process is not None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.process.returncode
+        return stop_process(self.process, self.log)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import typer
 
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.cli.options import ConfigFile, Metadata
+from tally.cli.service_log import log_as_a_service
 from tally.client.config import ClientConfig
 from tally.config import load
 from tally.core.errors import TallyError
@@ -39,9 +40,7 @@ def run(
     config: ConfigFile = None,
 ) -> None:
     """Run auto-recovery: the auditor (when elected) and a replication worker."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_as_a_service()
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     try:
         settings = load(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +21,7 @@ from tally.bookie import EXIT_SESSION_LOST
 from tally.bookie.config import BookieConfig
 from tally.bookie.server import Bookie, tune_garbage_collector
 from tally.cli.options import ConfigFile, Metadata
+from tally.cli.service_log import log_as_a_service
 from tally.config import load
 from tally.core.errors import SessionExpired, TallyError
 from tally.metadata.store import MetadataStore
@@ -60,9 +60,7 @@ def run(
     2 when its settings or the cluster refuse it;
     75 when it lost its metadata store session (paused too long): start it again.
     """
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_as_a_service()
     try:
         settings = load(
             BookieConfig,
