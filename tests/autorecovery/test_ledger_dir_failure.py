@@ -19,13 +19,13 @@ import pytest
 
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
+from tally.chaos.disks import fail_read_only, small_filesystem, unmount_lazily
 from tally.client.client import Client
 from tally.core.ids import LedgerId
 from tally.metadata.bookie_registry import BookieRegistry
 from tests.autorecovery.test_end_to_end import PASSWORD, autorecovery, payload, records
 from tests.bookie.conftest import sample, scrape
 from tests.support.cluster import SESSION_TIMEOUT, read_all, replica_copies, running_cluster
-from tests.support.filesystems import fail_read_only, small_filesystem, unmount_lazily
 from tests.support.polling import until
 from tests.support.processes import BookieProcess, environment, free_port
 

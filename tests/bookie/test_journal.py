@@ -27,10 +27,10 @@ from tally.bookie.direct_io import aligned_up
 from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
+from tally.chaos.disks import FilesystemRefused, fill, small_filesystem
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, MalformedData, WriteFailed
 from tests.support.async_tests import run
-from tests.support.filesystems import FilesystemRefused, fill, small_filesystem
 
 SMALL = {"preallocate_size": 4096}
 """Small preallocation, so that copying a journal for each damage case stays cheap."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tally.chaos.disks import fill, small_filesystem
 from tally.client.bookie_connection import BookieConnection
 from tally.core.errors import WriteFailed, WriteOnReadOnlyBookie
 from tally.core.ids import LedgerId
@@ -29,7 +30,6 @@ from tests.bookie.conftest import (
     sample,
 )
 from tests.support.async_tests import run
-from tests.support.filesystems import fill, small_filesystem
 from tests.support.polling import until
 
 PREALLOCATE = 512 << 10

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tally.bookie.ledger_placement import PlacementRecord
+from tally.chaos.disks import check_and_mount_again, fail_read_only, small_filesystem
 from tally.core.errors import LedgerInLimbo
 from tally.core.ids import LedgerId
 from tests.bookie.conftest import (
@@ -22,7 +23,6 @@ from tests.bookie.conftest import (
     running,
     sample,
 )
-from tests.support.filesystems import check_and_mount_again, fail_read_only, small_filesystem
 from tests.support.polling import until
 from tests.support.processes import tally
 

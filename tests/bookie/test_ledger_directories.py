@@ -18,11 +18,11 @@ from tally.bookie.ledger_dir_health import errno_of
 from tally.bookie.ledger_directories import LedgerDirectories
 from tally.bookie.ledger_placement import PlacementRecord
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.chaos.disks import fail_read_only, small_filesystem, unmount_lazily
 from tally.core.admission import admit_add
 from tally.core.digest import crc32c
 from tally.core.errors import EntryUnreadable, LedgerInLimbo, WriteFailed
 from tally.core.ids import LedgerId
-from tests.support.filesystems import fail_read_only, small_filesystem, unmount_lazily
 
 KEY = bytes(range(32))
 ENTRIES = 5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tally.chaos.disks import fill, small_filesystem
 from tally.core.errors import WriteOnReadOnlyBookie
 from tests.bookie.conftest import (
     KEY,
@@ -23,7 +24,6 @@ from tests.bookie.conftest import (
 )
 from tests.bookie.test_journal_disk_full import PAYLOAD, reads_back, wait_registered
 from tests.support.async_tests import run
-from tests.support.filesystems import fill, small_filesystem
 from tests.support.polling import until
 
 LEFT = 64 << 10

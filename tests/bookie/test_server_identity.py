@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tally.bookie.cookie_check import COOKIE_FILE
+from tally.chaos.disks import fill, small_filesystem
 from tally.core.errors import EntryUnreadable, LedgerFenced, NoSuchEntry, Unauthorized
 from tally.metadata.cluster import read_cluster
 from tally.metadata.cookies import Cookie, CookieManager
@@ -30,7 +31,6 @@ from tests.bookie.conftest import (
     sample,
     store_session,
 )
-from tests.support.filesystems import fill, small_filesystem
 from tests.support.processes import init_cluster
 
 

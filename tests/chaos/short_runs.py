@@ -8,9 +8,14 @@ from pathlib import Path
 
 from tests.support.processes import tally
 
+DISK_FAULTS = frozenset({"disk_full", "fail_ledger_dir"})
+"""What the seeds of the short runs plan beside the rest: disk faults need root, as the
+tests of full and failing disks do."""
 
-def check_short_run(out: Path, *options: str) -> None:
-    """Run `tally chaos` to completion and check its verdict, history and report."""
+
+def check_short_run(out: Path, *options: str, faults: frozenset[str] = frozenset()) -> None:
+    """Run `tally chaos` to completion and check its verdict, history and report, and that
+    `faults` (kinds the seed plans) were injected."""
     result = tally("chaos", "--out", str(out), "--writers", "2", *options, timeout=540)
     report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + report
@@ -26,5 +31,6 @@ def check_short_run(out: Path, *options: str) -> None:
     assert kinds["added"] > 500, kinds
     assert kinds["final"] >= 4, kinds
     assert sum(1 for kind in kinds if kind.startswith("fault:")) >= 3, kinds
+    assert {f"fault:{fault}" for fault in faults} <= set(kinds), kinds
     assert (out / "report.html").read_text().count("<svg") == 1
     assert not (out / "cluster").exists(), "a run that passed leaves no cluster data"

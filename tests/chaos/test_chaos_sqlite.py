@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.short_runs import check_short_run
+from tests.chaos.short_runs import DISK_FAULTS, check_short_run
 
 
 @pytest.mark.timeout(600)
 def test_a_short_chaos_run_on_sqlite_keeps_every_acknowledged_entry(tmp_path: Path) -> None:
-    check_short_run(tmp_path / "run", "--metadata", "sqlite", "--duration", "40s", "--seed", "11")
+    check_short_run(
+        tmp_path / "run",
+        *("--metadata", "sqlite", "--duration", "40s", "--seed", "22"),
+        faults=DISK_FAULTS,
+    )

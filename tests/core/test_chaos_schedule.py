@@ -9,11 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.chaos.schedule import (
+    AT_REST_FAULTS,
     AUTORECOVERY,
     BOOKIE_FAULTS,
+    DISK_FAULTS,
+    JOURNAL,
+    LEDGER_DISKS,
     ZOOKEEPER,
     ZOOKEEPER_FAULTS,
     FaultKind,
+    at_rest_bookie,
     plan_faults,
 )
 
@@ -27,10 +32,10 @@ def test_the_same_seed_plans_the_same_faults() -> None:
 
 
 def test_a_long_run_plans_every_kind() -> None:
-    kinds = Counter(fault.kind for fault in plan_faults(3, 600, BOOKIES, LOGS, zookeeper=True))
-    assert set(kinds) == set(FaultKind)
+    every = plan_faults(3, 600, BOOKIES, LOGS, zookeeper=True, disks=True)
+    assert set(Counter(fault.kind for fault in every)) == set(FaultKind)
     embedded = plan_faults(3, 600, BOOKIES, LOGS)
-    assert not {fault.kind for fault in embedded} & ZOOKEEPER_FAULTS
+    assert not {fault.kind for fault in embedded} & (ZOOKEEPER_FAULTS | DISK_FAULTS)
 
 
 @settings(max_examples=60, deadline=None)
@@ -38,12 +43,23 @@ def test_a_long_run_plans_every_kind() -> None:
 def test_faults_stay_within_what_the_cluster_survives(
     seed: int, duration: float, max_down: int
 ) -> None:
-    planned = plan_faults(seed, duration, BOOKIES, LOGS, max_bookies_down=max_down, zookeeper=True)
+    planned = plan_faults(
+        seed, duration, BOOKIES, LOGS, max_bookies_down=max_down, zookeeper=True, disks=True
+    )
     assert [f.start for f in planned] == sorted(f.start for f in planned)
     for fault in planned:
         assert 0 < fault.start <= fault.end <= duration
-        bookie_fault = fault.kind in BOOKIE_FAULTS or fault.kind is FaultKind.FLIP_BYTES
+        bookie_fault = fault.kind in BOOKIE_FAULTS | AT_REST_FAULTS
         assert fault.target in (BOOKIES if bookie_fault else [*LOGS, AUTORECOVERY, ZOOKEEPER])
+        if fault.kind in AT_REST_FAULTS:
+            assert fault.target == at_rest_bookie(seed, BOOKIES)
+        if fault.kind in DISK_FAULTS:
+            disks = (
+                LEDGER_DISKS
+                if fault.kind is FaultKind.FAIL_LEDGER_DIR
+                else (JOURNAL, *LEDGER_DISKS)
+            )
+            assert fault.detail in disks
         down = {
             f.target for f in planned if f.kind in BOOKIE_FAULTS and f.start <= fault.start < f.end
         }
@@ -57,4 +73,4 @@ def test_faults_stay_within_what_the_cluster_survives(
             and fault.start < f.end
         ]
         assert not overlapping, (fault, overlapping)
-    assert len({f.target for f in planned if f.kind is FaultKind.FLIP_BYTES}) <= 1
+    assert len({f.target for f in planned if f.kind in AT_REST_FAULTS}) <= 1

@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tally.chaos.disks import Disk
 from tally.chaos.proxy import FaultProxy
+from tally.core.chaos.schedule import JOURNAL, LEDGER_DISKS
 from tally.core.errors import IllegalOperation, Timeout
 from tally.local.processes import free_ports, log_since, signal_group
 from tally.local.services import tally_command
@@ -134,12 +136,56 @@ class Process:
             return process.returncode
 
 
+DISK_SIZE = 128 << 20
+"""Each disk of the at-rest bookie: room for a run's data several times over (a ledger disk
+holds some tens of MiB after ten minutes), small enough to fill in a moment."""
+
+
+@dataclass(frozen=True)
+class BookieDisks:
+    """The at-rest bookie's disks, each a small file system of its own so that one fills
+    up or fails alone: its journal's, and two ledger disks."""
+
+    by_name: dict[str, Disk]
+
+    @classmethod
+    def under(cls, root: Path) -> BookieDisks:
+        return cls({name: Disk(root / name, DISK_SIZE) for name in (JOURNAL, *LEDGER_DISKS)})
+
+    def mount(self) -> None:
+        """Make and mount them all, or none (FilesystemRefused: not root, say)."""
+        try:
+            for disk in self.by_name.values():
+                disk.mount()
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        for disk in self.by_name.values():
+            disk.remove()
+
+    def unmount(self) -> None:
+        """At the end of the run: their images stay, with the run's data (`clean` goes)."""
+        for disk in self.by_name.values():
+            disk.unmount()
+
+    def settings(self) -> dict[str, str]:
+        """The bookie's settings that put its journal and ledgers on them."""
+        ledgers = ",".join(str(self.by_name[name].path) for name in LEDGER_DISKS)
+        return {
+            "TALLY_BOOKIE_JOURNAL_DIR": str(self.by_name[JOURNAL].path),
+            "TALLY_BOOKIE_LEDGER_DIRS": ledgers,
+        }
+
+
 @dataclass
 class ChaosBookie:
     process: Process
     proxy: FaultProxy
     data_dir: Path
     metrics_port: int
+    disks: BookieDisks | None = None
 
     @property
     def bookie_id(self) -> str:
@@ -155,13 +201,12 @@ class ChaosCluster:
     """Its processes, by name; started by `start`, all stopped by `shutdown`."""
 
     root: Path
+    """The bookies' data."""
     metadata: str
+    logs: Path
+    """Every process's log: kept when `root` is cleaned after a run that passed."""
     bookies: dict[str, ChaosBookie] = field(default_factory=dict)
     autorecovery: Process | None = None
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
     async def add_bookie(self, index: int) -> ChaosBookie:
         listen, metrics_port = free_ports(2)
@@ -201,6 +246,15 @@ class ChaosCluster:
         )
         await self.autorecovery.start()
 
+    def give_disks(self, bookie_id: str) -> None:
+        """Put the bookie's journal and ledgers on disks of their own, before it first
+        starts; FilesystemRefused if they cannot be mounted."""
+        bookie = self.bookies[bookie_id]
+        disks = BookieDisks.under(bookie.data_dir / "disks")
+        disks.mount()
+        bookie.disks = disks
+        bookie.process.environment = {**bookie.process.environment, **disks.settings()}
+
     def processes(self) -> list[Process]:
         found = [bookie.process for bookie in self.bookies.values()]
         return found + ([self.autorecovery] if self.autorecovery is not None else [])
@@ -210,3 +264,5 @@ class ChaosCluster:
             await process.stop()
         for bookie in self.bookies.values():
             await bookie.proxy.close()
+            if bookie.disks is not None:
+                bookie.disks.unmount()

@@ -1,11 +1,12 @@
-"""Small real file systems for tests of full and failing disks.
+"""Small real file systems, for the chaos run's disk faults and for tests of full and
+failing disks.
 
-A test that needs a disk to run out of room, or to vanish, makes its own: an ext4 image
-loop-mounted (what a bookie's disk usually is) or a tmpfs of a given size, mounted over a
-directory and unmounted when the test ends, whatever happened. The tests run as root, as
-mounting needs. `fill` takes a file system's free space but a little, as a filler file
-that the test deletes to give the room back. `fail_read_only` and `unmount_lazily` make a
-disk fail under a running process; `check_and_mount_again` is the operator's repair.
+A disk here is an ext4 image loop-mounted on a directory (what a bookie's disk usually
+is), or a tmpfs of a given size: made, mounted, unmounted and replaced by an empty one as
+an operator would, which needs root. `fill` takes a file system's free space but a
+little, as a filler file to delete to give the room back; `fail_read_only` and
+`unmount_lazily` make a disk fail under a running process; `check_and_mount_again` is the
+operator's repair of a disk that is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import errno
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -27,34 +29,65 @@ class FilesystemRefused(RuntimeError):
     """This process may not make or mount the file system (not root, no loop device)."""
 
 
+@dataclass(frozen=True)
+class Disk:
+    """A file system of `size` bytes mounted at `path`; an ext4 one lives in the image
+    `<path>.img` beside it (sparse, made without reserved blocks)."""
+
+    path: Path
+    size: int
+    kind: Literal["ext4", "tmpfs"] = "ext4"
+
+    @property
+    def image(self) -> Path:
+        return self.path.with_name(self.path.name + ".img")
+
+    def mount(self) -> None:
+        """Make the file system anew (empty) and mount it at `path` (made if missing)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        command: tuple[str, ...]
+        if self.kind == "ext4":
+            with self.image.open("wb") as f:
+                f.truncate(self.size)
+            _run("mkfs.ext4", "-q", "-F", "-m", "0", str(self.image))
+            command = ("mount", "-o", EXT4_OPTIONS, str(self.image), str(self.path))
+        else:
+            command = ("mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path))
+        try:
+            _run(*command)
+        except FilesystemRefused:
+            self.image.unlink(missing_ok=True)
+            raise
+
+    def unmount(self) -> None:
+        """Unmount it, and detach it all the same if it is busy: never left behind."""
+        unmounted = subprocess.run(["umount", str(self.path)], capture_output=True, check=False)
+        if unmounted.returncode != 0:
+            subprocess.run(["umount", "--lazy", str(self.path)], capture_output=True, check=False)
+
+    def replace(self) -> None:
+        """What an operator does with a disk that failed and is lost: a new, empty one in
+        its place (nothing may use the old one)."""
+        self.unmount()
+        self.mount()
+
+    def remove(self) -> None:
+        self.unmount()
+        self.image.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def small_filesystem(
     path: Path, size: int, kind: Literal["ext4", "tmpfs"] = "ext4"
 ) -> Iterator[Path]:
-    """A fresh file system of `size` bytes mounted at `path` (made if missing); yields
-    `path`. ext4: an image beside `path` (`<path>.img`), made without reserved blocks and
-    loop-mounted; tmpfs: memory. Unmounted, and the image deleted, at the end."""
-    path.mkdir(parents=True, exist_ok=True)
-    image = path.with_name(path.name + ".img")
-    if kind == "ext4":
-        with image.open("wb") as f:
-            f.truncate(size)
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
-        mount = ("mount", "-o", EXT4_OPTIONS, str(image), str(path))
-    else:
-        mount = ("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
-    try:
-        _run(*mount)
-    except FilesystemRefused:
-        image.unlink(missing_ok=True)
-        raise
+    """A fresh file system of `size` bytes mounted at `path`; yields `path`. Unmounted, and
+    the image deleted, at the end."""
+    disk = Disk(path, size, kind)
+    disk.mount()
     try:
         yield path
     finally:
-        unmounted = subprocess.run(["umount", str(path)], capture_output=True, check=False)
-        if unmounted.returncode != 0:  # busy: detach it all the same, never leave it behind
-            subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
-        image.unlink(missing_ok=True)
+        disk.remove()
 
 
 def free_bytes(directory: Path) -> int:
@@ -91,7 +124,10 @@ def fill(directory: Path, leave: int) -> Path:
 
 
 def _run(*command: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise FilesystemRefused(f"{command[0]} is not installed") from None
     if done.returncode != 0:
         raise FilesystemRefused(f"{' '.join(command)}: {done.stderr.strip()}")
 
@@ -103,7 +139,7 @@ def fail_read_only(path: Path) -> None:
         ["findmnt", "-no", "SOURCE", str(path)], capture_output=True, text=True, check=True
     )
     device = Path(source.stdout.strip()).name
-    Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("tally test: disk failure\n")
+    Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("tally: disk failure\n")
 
 
 def unmount_lazily(path: Path) -> None:

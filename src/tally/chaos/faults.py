@@ -9,22 +9,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 from tally.bookie.entry_log import FILE_HEADER_SIZE
-from tally.chaos.cluster import ChaosCluster, Process
+from tally.chaos.cluster import ChaosBookie, ChaosCluster, Process
+from tally.chaos.disks import FILLER, Disk, fail_read_only, fill
 from tally.chaos.history_file import HistoryFile
 from tally.chaos.proxy import Cut, Delay, Partition, Reset, Stall
 from tally.chaos.workload import Writers
 from tally.core.chaos.history import Fault
 from tally.core.chaos.schedule import AUTORECOVERY, ZOOKEEPER_FAULTS, FaultKind, PlannedFault
+from tally.local.services import tally_command
 from tally.metadata.zk_ensemble import ZooKeeperEnsemble
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 1.0
+LEFT_ON_A_FULL_DISK = 64 << 10
+COOKIE_UPDATE_TIMEOUT = 60.0
+"""How long the repair of a failed disk tries the cookie update: a bookie killed at its stop
+stays registered on ZooKeeper until its session times out."""
 
 
 class FaultInjector:
@@ -107,12 +116,20 @@ class FaultInjector:
             self._process_of_writer(target).pause()
         elif kind in ZOOKEEPER_FAULTS:
             detail = await self._zookeeper_down(kind)
+        elif kind is FaultKind.DISK_FULL:
+            disk = self._disk(fault)
+            await asyncio.to_thread(fill, disk.path, LEFT_ON_A_FULL_DISK)
+            detail = f"{fault.detail} filled up"
+        elif kind is FaultKind.FAIL_LEDGER_DIR:
+            await asyncio.to_thread(fail_read_only, self._disk(fault).path)
+            detail = f"{fault.detail} failed (remounted read-only)"
         else:
             self.cluster.bookies[target].proxy.set_fault(_network_fault(fault))
         self._record(fault, "start", detail)
 
     async def end(self, fault: PlannedFault) -> None:
         kind, target = fault.kind, fault.target
+        detail = ""
         if kind is FaultKind.KILL_BOOKIE:
             await self.cluster.bookies[target].process.start()
             self._down.discard(target)
@@ -127,9 +144,57 @@ class FaultInjector:
             self._process_of_writer(target).resume()
         elif kind in ZOOKEEPER_FAULTS:
             await self._zookeeper_up(kind)
+        elif kind is FaultKind.DISK_FULL:
+            (self._disk(fault).path / FILLER).unlink(missing_ok=True)
+            detail = f"{fault.detail}: room given back"
+        elif kind is FaultKind.FAIL_LEDGER_DIR:
+            detail = await self._replace_disk(fault)
         elif kind not in (FaultKind.FLIP_BYTES, FaultKind.KILL_WRITER):
             self.cluster.bookies[target].proxy.clear()
-        self._record(fault, "end")
+        self._record(fault, "end", detail)
+
+    def _disk(self, fault: PlannedFault) -> Disk:
+        disks = self.cluster.bookies[fault.target].disks
+        assert disks is not None, "disk faults are planned only for a bookie with disks"
+        return disks.by_name[fault.detail]
+
+    async def _replace_disk(self, fault: PlannedFault) -> str:
+        """The operator's repair of a failed ledger disk: stop the bookie, put an empty disk
+        in its place, update the bookie's cookie, start it; what the update said."""
+        bookie = self.cluster.bookies[fault.target]
+        self._down.add(fault.target)
+        try:
+            await bookie.process.stop()
+            await asyncio.to_thread(self._disk(fault).replace)
+            said = await asyncio.to_thread(self._update_cookie, bookie)
+            await bookie.process.start()
+        finally:
+            self._down.discard(fault.target)
+        return said
+
+    def _update_cookie(self, bookie: ChaosBookie) -> str:
+        """`tally shell cookie update`, with the bookie's own settings; tried again while
+        the bookie still shows as registered (a session that has not expired yet)."""
+        command = tally_command(
+            "shell",
+            "cookie",
+            "update",
+            bookie.bookie_id,
+            "--metadata",
+            self.cluster.metadata,
+            "--data-dir",
+            str(bookie.data_dir),
+        )
+        environment = {**os.environ, **bookie.process.environment}
+        deadline = time.monotonic() + COOKIE_UPDATE_TIMEOUT
+        while True:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=environment, check=False
+            )
+            said = (done.stdout + done.stderr).strip()
+            if done.returncode == 0 or time.monotonic() > deadline:
+                return said
+            time.sleep(1.0)
 
     async def _zookeeper_down(self, kind: FaultKind) -> str:
         """Pause a random member, or kill the leader; which, for the history."""
@@ -173,12 +238,15 @@ class FaultInjector:
         flipped = []
         for _ in range(count if logs else 0):
             path = self.rng.choice(logs)
-            offset = self.rng.randrange(FILE_HEADER_SIZE, path.stat().st_size)
-            with path.open("r+b") as file:
-                file.seek(offset)
-                byte = file.read(1)
-                file.seek(offset)
-                file.write(bytes([byte[0] ^ 0x08]))
+            try:
+                offset = self.rng.randrange(FILE_HEADER_SIZE, path.stat().st_size)
+                with path.open("r+b") as file:
+                    file.seek(offset)
+                    byte = file.read(1)
+                    file.seek(offset)
+                    file.write(bytes([byte[0] ^ 0x08]))
+            except OSError:  # compacted away meanwhile, or on a disk that failed
+                continue
             flipped.append(f"{path.name}@{offset}")
         return ", ".join(flipped) or "no entry log yet"
 

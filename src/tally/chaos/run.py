@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tally.chaos.cluster import ChaosCluster
+from tally.chaos.disks import FilesystemRefused
 from tally.chaos.faults import FaultInjector
 from tally.chaos.history_file import HistoryFile
 from tally.chaos.report import SAMPLES
@@ -28,7 +29,7 @@ from tally.chaos.workload import HistoryCollector, Logs, Readers, Writers
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.chaos.history import End, Run
-from tally.core.chaos.schedule import PlannedFault, plan_faults
+from tally.core.chaos.schedule import PlannedFault, at_rest_bookie, plan_faults
 from tally.core.deletion import ClusterSettings
 from tally.core.errors import BadRequest, TallyError
 from tally.metadata.cluster import init_cluster
@@ -57,6 +58,9 @@ class ChaosSettings:
     max_bookies_down: int = 1
     settle_timeout: float = 300.0
     audit: bool = True
+    disk_faults: bool | None = None
+    """Fill and fail disks of one bookie (they need root, to mount them); None: if this
+    process may."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ async def _run(
 
     epoch = time.time()
     history = HistoryFile(out / HISTORY, epoch)
-    cluster = ChaosCluster(out / "cluster", uri)
+    cluster = ChaosCluster(out / "cluster", uri, out / "logs")
     logs = Logs()
     collector = HistoryCollector(history, logs)
     writers = Writers(out, uri, settings.seed, epoch, settings.rate, collector, logs)
@@ -110,8 +114,6 @@ async def _run(
         say(f"starting {settings.bookies} bookies behind fault proxies, and auto-recovery")
         for index in range(settings.bookies):
             await cluster.add_bookie(index)
-        await asyncio.gather(*(b.process.start() for b in cluster.bookies.values()))
-        await cluster.start_autorecovery()
         planned = plan_faults(
             settings.seed,
             settings.duration,
@@ -119,7 +121,10 @@ async def _run(
             names,
             max_bookies_down=settings.max_bookies_down,
             zookeeper=ensemble is not None,
+            disks=_give_disks(settings, cluster, say),
         )
+        await asyncio.gather(*(b.process.start() for b in cluster.bookies.values()))
+        await cluster.start_autorecovery()
         history.write(
             Run(
                 t=history.now(),
@@ -160,6 +165,25 @@ async def _run(
         for slot in writers.slots.values():
             if slot.process is not None:
                 await slot.process.kill()
+
+
+def _give_disks(settings: ChaosSettings, cluster: ChaosCluster, say: Say) -> bool:
+    """Whether the at-rest bookie has disks of its own to fill and fail."""
+    bookie = at_rest_bookie(settings.seed, sorted(cluster.bookies))
+    if settings.disk_faults is False or bookie is None:
+        return False
+    try:
+        cluster.give_disks(bookie)
+    except FilesystemRefused as refused:
+        if settings.disk_faults:
+            raise BadRequest(
+                f"--disk-faults: the disks cannot be made ({refused}): run as root, with loop "
+                "devices, or give --no-disk-faults"
+            ) from None
+        say(f"disk faults off: the disks need root and loop devices ({refused})")
+        return False
+    say(f"bookie {bookie}: its journal and two ledger directories on small disks, to fill and fail")
+    return True
 
 
 async def _workload(

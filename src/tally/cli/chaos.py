@@ -61,6 +61,15 @@ def run(
     keep: Annotated[
         bool, typer.Option(help="Keep the cluster's data after a run that passed.")
     ] = False,
+    disk_faults: Annotated[
+        bool | None,
+        typer.Option(
+            "--disk-faults/--no-disk-faults",
+            help="Fill and fail one bookie's disks (loop-mounted: needs root). "
+            "Default: when this process may.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a local cluster under faults, then check that no acknowledged entry was lost.
 
@@ -83,6 +92,7 @@ def run(
         writers=writers,
         rate=rate,
         audit=audit,
+        disk_faults=disk_faults,
     )
     where.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
