@@ -12,7 +12,7 @@ from tally.core.errors import ClusterNotInitialised
 from tally.metadata import open_store
 from tally.metadata.cluster import read_cluster, require_cluster
 from tally.metadata.paths import ROOTS
-from tally.metadata.zk_server import free_port
+from tally.ports import free_port
 from tests.support.processes import tally
 
 

@@ -19,7 +19,7 @@ from tally.core.errors import TallyError
 from tally.metadata import MetadataStore, open_store
 from tally.metadata.zk_ensemble import ZooKeeperEnsemble
 from tally.metadata.zk_server import ZooKeeperServer, missing_prerequisite
-from tally.metadata.zk_server import free_port as free_port
+from tally.ports import free_port as free_port
 from tests.support.async_tests import run_if_async
 
 ASYNC_TEST_DEADLINE = 60.0

@@ -24,8 +24,9 @@ from tally.chaos.disks import Disk
 from tally.chaos.proxy import FaultProxy
 from tally.core.chaos.schedule import JOURNAL, LEDGER_DISKS
 from tally.core.errors import IllegalOperation, Timeout
-from tally.local.processes import free_ports, log_since, signal_group
+from tally.local.processes import log_since, signal_group
 from tally.local.services import tally_command
+from tally.ports import free_ports
 
 log = logging.getLogger(__name__)
 

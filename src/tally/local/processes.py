@@ -6,16 +6,15 @@ number to any new process. So a record keeps, next to the pid, the process's sta
 `stop` then never signals a stranger. A zombie (exited, not yet reaped by its parent) is
 not running either: it serves nothing and holds no port.
 
-Also here: reading what a process wrote to its log, and finding free ports for new ones.
+Also here: reading what a process wrote to its log.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from pathlib import Path
 
 WAIT_POLL = 0.05
@@ -84,15 +83,6 @@ def terminate_group(pid: int, token: int | None, timeout: float) -> bool:
     signal_group(pid, signal.SIGKILL)
     wait_gone(pid, token, timeout)
     return False
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports that nothing listens on now."""
-    with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def describe_exit(code: int | None) -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tally.core.errors import BadRequest, MalformedData
-from tally.local.processes import free_ports, is_running, start_token
+from tally.local.processes import is_running, start_token
 from tally.metadata.json_records import Record
+from tally.ports import free_ports
 
 FORMAT = 1
 STATE_FILE = "local.json"

@@ -31,7 +31,6 @@ from tally.core.errors import BadRequest, IllegalOperation
 from tally.local.config import DEFAULT_BOOKIES, DEFAULT_RACKS, LocalConfig
 from tally.local.processes import (
     describe_exit,
-    free_ports,
     log_tail,
     signal_group,
     signal_name,
@@ -40,6 +39,7 @@ from tally.local.services import Service, services
 from tally.local.state import DataDir, LocalState, ProcessRecord, plan_bookies
 from tally.metadata.cluster import InitResult, init_cluster
 from tally.metadata.stores import open_store
+from tally.ports import free_ports
 
 POLL_INTERVAL = 0.2
 LOG_TAIL_LINES = 12

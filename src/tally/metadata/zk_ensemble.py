@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tally.metadata.zk_server import START_DEADLINE, ZooKeeperServer, free_ports
+from tally.metadata.zk_server import START_DEADLINE, ZooKeeperServer
+from tally.ports import free_ports
 
 
 @dataclass

@@ -8,7 +8,6 @@ of a `zk_ensemble`. `scripts/ensure-zookeeper.sh` installs the package.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -19,25 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tally.core.errors import MetadataStoreError, Timeout
+from tally.ports import free_port
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 START_DEADLINE = 30.0
 """Seconds for a JVM to start ZooKeeper on a loaded machine."""
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports nothing listens on right now: all are held bound
-    until the last is chosen, so that none is handed out twice."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    return free_ports(1)[0]
 
 
 def four_letter_word(port: int, word: bytes, timeout: float = 1.0) -> bytes:
