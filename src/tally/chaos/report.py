@@ -18,7 +18,7 @@ from tally.core.chaos.history import Added, Fault, Run, Settled, decode_history
 
 SAMPLES = "samples.jsonl"
 """The harness's samples of the cluster over time (under-replicated ledgers), one a line."""
-WIDTH, LANE, GAP = 1000, 120, 30
+WIDTH, LANE, GAP = 1100, 120, 30
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,22 @@ def _html(timeline: Timeline, findings: Sequence[Finding], counts: dict[str, int
     return (
         "<!doctype html><meta charset=utf-8><title>tally chaos run</title>"
         "<style>body{font:14px sans-serif;margin:2em}th{text-align:left;padding-right:1em}"
-        "svg{border:1px solid #ccc}text{font:11px sans-serif}</style>"
+        "svg{border:1px solid #ccc}</style>"
         f"<h1>Chaos run</h1><table>{rows}</table>"
         f"<h2>Invariant violations: {len(findings)}</h2><ul>{found}</ul>"
         f"<h2>Timeline</h2>{_svg(timeline)}"
     )
+
+
+LEFT = 150
+"""The timeline's left margin: the fault lanes' names."""
+LEGEND = (
+    ("network (delay, stall, cut, reset, partition)", "#e93"),
+    ("killed, or exited by itself", "#c33"),
+    ("paused", "#88c"),
+    ("bytes flipped", "#a6a"),
+    ("disk full or failed", "#963"),
+)
 
 
 @dataclass(frozen=True)
@@ -147,15 +158,16 @@ class _Axis:
     span: float
 
     def __call__(self, t: float) -> float:
-        return 60 + (WIDTH - 70) * t / self.span
+        return LEFT + (WIDTH - LEFT - 10) * t / self.span
 
 
 def _svg(timeline: Timeline) -> str:
     span = max(timeline.seconds, 1)
     x = _Axis(span)
     targets = sorted({target for _, _, _, target in timeline.faults})
-    fault_height = 14 * max(len(targets), 1) + 20
-    parts = ['<text x="4" y="14">faults</text>']
+    parts = ['<text x="4" y="14">faults, by target (hover a bar for its detail)</text>']
+    for lane, target in enumerate(targets):
+        parts.append(f'<text x="4" y="{30 + 14 * lane}">{html.escape(target)}</text>')
     for start, end, kind, target in timeline.faults:
         y = 20 + 14 * targets.index(target)
         width = max(x(end) - x(start), 2)
@@ -164,33 +176,73 @@ def _svg(timeline: Timeline) -> str:
             f'fill="{_colour(kind)}"><title>{html.escape(kind)} {html.escape(target)} '
             f"{start:.1f}-{end:.1f} s</title></rect>"
         )
-    top = fault_height + GAP
+    top = 20 + 14 * len(targets) + 8
+    left = LEFT
+    for what, colour in LEGEND:
+        parts.append(f'<rect x="{left}" y="{top}" width="10" height="10" fill="{colour}"/>')
+        parts.append(f'<text x="{left + 14}" y="{top + 9}">{html.escape(what)}</text>')
+        left += 14 + 6 * len(what) + 16  # about 6 px a character at 11 px
+    top += 14 + GAP
+    charts_top = top
     seconds = range(span)
     parts += _series("adds acknowledged / s", [(s, timeline.acked[s]) for s in seconds], top, x)
     top += LANE + GAP
     parts += _series("p99 add latency (s)", [(s, timeline.p99(s)) for s in seconds], top, x)
     top += LANE + GAP
     parts += _series("ledgers under-replicated", timeline.under_replicated, top, x)
-    height = top + LANE + GAP
-    return f'<svg width="{WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
+    bottom = top + LANE
+    parts += _time_axis(span, x, charts_top - 16, bottom)
+    if timeline.run is not None:
+        parts += _marker(x(timeline.run.duration), charts_top - 16, bottom, "faults end")
+    if timeline.settled is not None:
+        parts += _marker(x(timeline.settled.t), charts_top - 16, bottom, "settled")
+    height = bottom + 36
+    return (
+        f'<svg width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="11" '
+        f'xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
+    )
+
+
+def _time_axis(span: int, x: _Axis, top: int, bottom: int) -> list[str]:
+    """Seconds under the charts, a faint line up through them at each tick."""
+    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800) if span / s <= 12)
+    parts = []
+    for t in range(0, span + 1, step):
+        parts.append(
+            f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{bottom}" stroke="#eee"/>'
+        )
+        parts.append(f'<text x="{x(t) - 8:.1f}" y="{bottom + 14}">{t} s</text>')
+    return parts
+
+
+def _marker(at: float, top: int, bottom: int, what: str) -> list[str]:
+    return [
+        f'<line x1="{at:.1f}" y1="{top}" x2="{at:.1f}" y2="{bottom}" stroke="#555" '
+        'stroke-dasharray="4 3"/>',
+        f'<text x="{at - 3:.1f}" y="{bottom + 28}" text-anchor="end">{html.escape(what)}</text>',
+    ]
 
 
 def _series(name: str, points: Iterable[tuple[float, float]], top: int, x: _Axis) -> list[str]:
     found = list(points)
-    peak = max((value for _, value in found), default=0) or 1
-    path = " ".join(f"{x(t):.1f},{top + LANE - LANE * value / peak:.1f}" for t, value in found)
+    peak = max((value for _, value in found), default=0)
+    scale = peak or 1
+    path = " ".join(f"{x(t):.1f},{top + LANE - LANE * value / scale:.1f}" for t, value in found)
     return [
         f'<text x="4" y="{top - 4}">{html.escape(name)} (max {peak:,.3g})</text>',
-        f'<line x1="60" y1="{top + LANE}" x2="{WIDTH - 10}" y2="{top + LANE}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{top + LANE}" x2="{WIDTH - 10}" y2="{top + LANE}" stroke="#999"/>',
         f'<polyline fill="none" stroke="#2a6" points="{path}"/>',
     ]
 
 
 def _colour(kind: str) -> str:
+    """The legend's colour of a fault kind."""
     if kind.startswith("network"):
-        return "#e93"
+        return LEGEND[0][1]
     if kind.startswith("kill") or kind == "exited":
-        return "#c33"
+        return LEGEND[1][1]
     if kind.startswith("pause"):
-        return "#88c"
-    return "#a6a"
+        return LEGEND[2][1]
+    if kind == "flip_bytes":
+        return LEGEND[3][1]
+    return LEGEND[4][1]
