@@ -38,6 +38,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tally.audit.jvm import SHORT_JOB_JVM
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replicas_check import replicas_check
 from tally.client.client import Client
@@ -174,6 +175,7 @@ def _tally(console: Console, *args: str, show: bool = True) -> subprocess.Comple
     return subprocess.run(
         [sys.executable, "-m", "tally.cli.main", *args],
         capture_output=True, text=True, check=False, timeout=300,
+        env={**SHORT_JOB_JVM, **os.environ},  # the demo's audit is a short job
     )  # fmt: skip
 
 
