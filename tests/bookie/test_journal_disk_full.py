@@ -150,3 +150,20 @@ async def full_journal_disk(cluster: str, tmp_path: Path, journal_disk: Path) ->
     log = bookie.log()
     assert "damaged" not in log
     assert "Traceback" not in log
+
+
+def test_a_journal_disk_too_small_for_two_journal_files_is_named_at_start(
+    cluster: str, tmp_path: Path, journal_disk: Path
+) -> None:
+    """A journal file is let go once the next is written: on a disk that cannot hold two,
+    the bookie would fill it with one and stay read-only; it says so as it starts."""
+    small_files = journal_bookie(cluster, tmp_path / "fits", journal_disk)
+    with running(small_files):
+        assert "cannot hold two journal files" not in small_files.log()
+    too_large = BookieUnderTest(
+        cluster,
+        tmp_path / "too-large",
+        settings={"journal_dir": journal_disk / "journal-2", "journal_file_size": 48 << 20},
+    )
+    with running(too_large):
+        assert "cannot hold two journal files of journal_file_size (48 MiB)" in too_large.log()

@@ -214,6 +214,7 @@ class Bookie:
             if keep
             else "are copied into entry logs at each checkpoint",
         )
+        _warn_if_the_journal_disk_is_small(self.bookie_id, journal_dir, config.journal_file_size)
         self._journal = Journal(
             journal_dir,
             file_size=config.journal_file_size,
@@ -701,6 +702,21 @@ def _entry_list(entry_ids: list[int], shown: int = 20) -> str:
     more = len(entry_ids) - shown
     listed = ", ".join(str(entry_id) for entry_id in entry_ids[:shown])
     return f"{listed} and {more} more" if more > 0 else listed
+
+
+def _warn_if_the_journal_disk_is_small(bookie_id: str, journal_dir: Path, file_size: int) -> None:
+    """A journal file is let go only once the next one is written: a disk that cannot hold
+    two fills up with the one, and the bookie stays read-only until an operator frees room."""
+    size = shutil.disk_usage(journal_dir).total
+    if size < 2 * file_size:
+        log.warning(
+            "bookie %s: the journal's disk (%d MiB) cannot hold two journal files of "
+            "journal_file_size (%d MiB): once it fills up with one, the bookie stays read-only "
+            "until room is freed; set journal_file_size to less than half of the disk",
+            bookie_id,
+            size >> 20,
+            file_size >> 20,
+        )
 
 
 def _disk_size(directory: Path) -> Callable[[], int]:

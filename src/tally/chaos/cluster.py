@@ -172,11 +172,13 @@ class BookieDisks:
             disk.unmount()
 
     def settings(self) -> dict[str, str]:
-        """The bookie's settings that put its journal and ledgers on them."""
+        """The bookie's settings that put its journal and ledgers on them, with journal files
+        that a small disk holds several of (a file is let go once the next is written)."""
         ledgers = ",".join(str(self.by_name[name].path) for name in LEDGER_DISKS)
         return {
             "TALLY_BOOKIE_JOURNAL_DIR": str(self.by_name[JOURNAL].path),
             "TALLY_BOOKIE_LEDGER_DIRS": ledgers,
+            "TALLY_BOOKIE_JOURNAL_FILE_SIZE": str(DISK_SIZE // 8),
         }
 
 

@@ -208,8 +208,16 @@ async def _workload(
     tasks = [asyncio.ensure_future(task) for task in readers.tasks(names)]
     tasks.append(asyncio.ensure_future(injector.run(planned, stopping)))
     tasks.append(asyncio.ensure_future(injector.watch(stopping)))
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), settings.duration)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), settings.duration)
+    except asyncio.CancelledError:
+        # Stopped (SIGTERM, Ctrl-C): the faults still on end first (a failed disk is
+        # replaced, a paused process resumed), before the cluster is shut down.
+        stopping.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        collecting.cancel()
+        raise
     stopping.set()
     await asyncio.gather(*tasks)
     await injector.restart_the_dead()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
@@ -26,12 +27,16 @@ from tally.core.chaos.checker import Verdict, Violation, check_history
 from tally.core.chaos.history import decode_history
 from tally.core.errors import BadRequest, MalformedData
 
+if TYPE_CHECKING:  # the run's modules are imported when a run starts, not at every command
+    from tally.chaos.run import ChaosOutcome, ChaosSettings
+
 app = typer.Typer(
     name="chaos",
     help="The chaos suite: a cluster under faults, and the check of what its run saw.",
     no_args_is_help=True,
 )
 
+EXIT_TERMINATED = 128 + signal.SIGTERM
 LISTED = 50
 """Violations the summary lists; --json lists them all."""
 RANGES_SHOWN = 8
@@ -79,7 +84,7 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     from tally.chaos.report import Finding, write_report
-    from tally.chaos.run import HISTORY, ChaosSettings, clean, run_chaos
+    from tally.chaos.run import HISTORY, ChaosSettings, clean
     from tally.cli.audit import parse_duration
 
     where = out_dir or Path("chaos-runs") / f"seed-{seed}-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -101,7 +106,7 @@ def run(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     with failures():
-        outcome = asyncio.run(run_chaos(settings, lambda text: err.print(text, markup=False)))
+        outcome = asyncio.run(_until_stopped(settings))
         verdict = _check(where / HISTORY)
     findings = [
         Finding(str(v.invariant), v.ledger, _entries(v.entries), v.detail)
@@ -113,6 +118,28 @@ def run(
     if verdict.ok and not keep:
         clean(where)
     raise typer.Exit(0 if verdict.ok else 1)
+
+
+async def _until_stopped(settings: ChaosSettings) -> ChaosOutcome:
+    """The run; SIGTERM ends it as Ctrl-C does, through its clean-up (every process it
+    started stopped, its disks unmounted)."""
+    from tally.chaos.run import run_chaos
+
+    task = asyncio.ensure_future(run_chaos(settings, lambda text: err.print(text, markup=False)))
+    terminated = asyncio.Event()
+
+    def terminate() -> None:
+        terminated.set()
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not terminated.is_set():
+            raise
+        err.print(f"stopped by SIGTERM before its verdict: what it saw is in {settings.out}")
+        raise typer.Exit(EXIT_TERMINATED) from None
 
 
 def _counts(verdict: Verdict) -> dict[str, int]:
