@@ -15,6 +15,6 @@ from tests.chaos.short_runs import DISK_FAULTS, check_short_run
 def test_a_short_chaos_run_on_zookeeper_keeps_every_acknowledged_entry(tmp_path: Path) -> None:
     check_short_run(
         tmp_path / "run",
-        *("--metadata", "zk", "--duration", "30s", "--seed", "42", "--no-audit"),
-        faults=DISK_FAULTS | {"kill_zookeeper_leader"},
+        *("--metadata", "zk", "--duration", "30s", "--seed", "130", "--no-audit"),
+        faults=DISK_FAULTS | {"kill_zookeeper_leader", "kill_bookie", "pause_bookie"},
     )

@@ -110,6 +110,8 @@ class FaultInjector:
         elif kind is FaultKind.KILL_AUTORECOVERY:
             self._down.add(AUTORECOVERY)
             await self._autorecovery().kill()
+        elif kind is FaultKind.PAUSE_AUTORECOVERY:
+            self._autorecovery().pause()
         elif kind is FaultKind.KILL_WRITER:
             await self.writers.kill_and_take_over(target)
         elif kind is FaultKind.PAUSE_WRITER:
@@ -140,6 +142,8 @@ class FaultInjector:
         elif kind is FaultKind.KILL_AUTORECOVERY:
             await self._autorecovery().start()
             self._down.discard(AUTORECOVERY)
+        elif kind is FaultKind.PAUSE_AUTORECOVERY:
+            self._autorecovery().resume()
         elif kind is FaultKind.PAUSE_WRITER:
             self._process_of_writer(target).resume()
         elif kind in ZOOKEEPER_FAULTS:

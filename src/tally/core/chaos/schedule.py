@@ -27,6 +27,7 @@ class FaultKind(enum.Enum):
     NETWORK_PARTITION = "network_partition"
     FLIP_BYTES = "flip_bytes"
     KILL_AUTORECOVERY = "kill_autorecovery"
+    PAUSE_AUTORECOVERY = "pause_autorecovery"
     KILL_WRITER = "kill_writer"
     PAUSE_WRITER = "pause_writer"
     PAUSE_ZOOKEEPER = "pause_zookeeper"
@@ -61,6 +62,7 @@ JOURNAL = "journal"
 LEDGER_DISKS = ("ledgers-0", "ledgers-1")
 """The at-rest bookie's disks, by name, when the run has disk faults."""
 WRITER_FAULTS = frozenset({FaultKind.KILL_WRITER, FaultKind.PAUSE_WRITER})
+AUTORECOVERY_FAULTS = frozenset({FaultKind.KILL_AUTORECOVERY, FaultKind.PAUSE_AUTORECOVERY})
 ZOOKEEPER_FAULTS = frozenset({FaultKind.PAUSE_ZOOKEEPER, FaultKind.KILL_ZOOKEEPER_LEADER})
 """One member at a time: the ensemble keeps its quorum."""
 WEIGHTS = {
@@ -73,6 +75,7 @@ WEIGHTS = {
     FaultKind.NETWORK_PARTITION: 2,
     FaultKind.FLIP_BYTES: 2,
     FaultKind.KILL_AUTORECOVERY: 1,
+    FaultKind.PAUSE_AUTORECOVERY: 1,
     FaultKind.KILL_WRITER: 3,
     FaultKind.PAUSE_WRITER: 1,
     FaultKind.PAUSE_ZOOKEEPER: 2,
@@ -155,7 +158,7 @@ def _target(
     """A target free at `t` that this kind may hit, or None (the fault is skipped)."""
     if kind in AT_REST_FAULTS:
         candidates = [rotting] if rotting is not None else []
-    elif kind is FaultKind.KILL_AUTORECOVERY:
+    elif kind in AUTORECOVERY_FAULTS:
         candidates = [AUTORECOVERY]
     elif kind in ZOOKEEPER_FAULTS:
         candidates = [ZOOKEEPER]
