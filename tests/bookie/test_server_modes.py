@@ -101,6 +101,26 @@ async def test_the_registration_dies_with_a_killed_bookie(cluster: str, tmp_path
             assert await gone()  # ... and a clean stop unregisters at once
 
 
+async def test_a_bookie_whose_disks_vanished_still_stops_on_sigterm(
+    cluster: str, tmp_path: Path
+) -> None:
+    """Its disk check used to die on the journal's vanished disk, and its stop then waited
+    on that task's error and went no further: alive, until SIGKILL (seen after tests whose
+    directories were deleted under their bookies). Now the check goes on, and each step of
+    the stop that fails is logged and the next tried; it exits 1."""
+    bookie = BookieUnderTest(cluster, tmp_path / "bookie", settings={"disk_check_interval": 0.05})
+    with running(bookie):
+        shutil.rmtree(bookie.data_dir / "journal")
+        shutil.rmtree(bookie.data_dir / "ledgers")
+        await until(lambda: "usage is unknown" in bookie.log(), "the disk check's warning")
+        assert bookie.stop() == 1
+        log = bookie.log()
+        assert "stopping: its last checkpoint failed" in log
+        assert "step(s) of its stop failed" in log
+        async with store_session(cluster) as store:
+            assert bookie.address not in await BookieRegistry(store).writable_bookies()
+
+
 async def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_bookie_goes_on(
     cluster: str, tmp_path: Path
 ) -> None:

@@ -110,6 +110,8 @@ class Bookie:
         """Held by a checkpoint from taking its mark to the journal's release: two at once
         could write an older mark after the newer one's release deleted its journal file."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.stop_failures = 0
+        """Steps of `stop` that failed (logged): `tally bookie` then exits 1."""
         self._connections: set[BookieConnectionHandler] = set()
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -359,43 +361,53 @@ class Bookie:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Stop serving, make everything durable, deregister; idempotent."""
+        """Stop serving, make everything durable, deregister; idempotent.
+
+        Every step is tried whatever the one before did (a background task that had died
+        with an error, an index that cannot close on a vanished disk): a failed step is
+        logged and counted in `stop_failures`, and the bookie stops all the same; it used
+        to hang, alive and unregistered, until SIGKILL."""
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
-        for task in [*self._tasks, *self._failures]:
-            task.cancel()
-        for task in [*self._tasks, *self._failures]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._server is not None:
-            self._server.close()
-            for connection in list(self._connections):
-                connection.close()
-        if self._journal is not None:
-            await self._journal.close()
+        try:
+            for task in [*self._tasks, *self._failures]:
+                task.cancel()
+            for task in [*self._tasks, *self._failures]:
+                await self._stop_step(f"its {task.get_name()} task", _finished(task))
+            if self._server is not None:
+                self._server.close()
+                for connection in list(self._connections):
+                    connection.close()
+            if self._journal is not None:
+                await self._stop_step("closing its journal", self._journal.close())
+                if self._storage is not None:
+                    await self._stop_step(  # the journal keeps what it could not write
+                        "its last checkpoint", asyncio.to_thread(self._checkpoint_now)
+                    )
             if self._storage is not None:
-                try:
-                    await asyncio.to_thread(self._checkpoint_now)
-                except WriteFailed as error:  # the journal keeps what it could not write
-                    log.error("bookie %s: last checkpoint failed: %s", self.bookie_id, error)
-        if self._storage is not None:
-            self._storage.close()
-        if self._registry is not None:
-            with contextlib.suppress(TallyError):
-                await self._registry.unregister(self.bookie_id)
-        if self._bad_copies is not None:
-            await self._bad_copies.flush()
-        if self._store is not None:
-            await self._store.close()
-        if self._http_task is not None:
-            self._http_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._http_task
-        self._stopped.set()
+                await self._stop_step("closing its storage", _now(self._storage.close))
+            if self._registry is not None:
+                await self._stop_step("unregistering", self._registry.unregister(self.bookie_id))
+            if self._bad_copies is not None:
+                await self._stop_step("recording bad copies", self._bad_copies.flush())
+            if self._store is not None:
+                await self._stop_step("closing its store session", self._store.close())
+            if self._http_task is not None:
+                self._http_task.cancel()
+                await self._stop_step("its admin HTTP server", _finished(self._http_task))
+        finally:
+            self._stopped.set()
         if self.bookie_id:  # else it never got as far as its identity: nothing to report
             log.info("bookie %s stopped", self.bookie_id)
+
+    async def _stop_step(self, what: str, step: Awaitable[object]) -> None:
+        try:
+            await step
+        except Exception as error:  # stopping goes on: logged, and counted
+            self.stop_failures += 1
+            log.error("bookie %s: stopping: %s failed: %r", self.bookie_id, what, error)
 
     def _corrupt_found(self, ledger_id: LedgerId, entry_ids: list[int]) -> None:
         """Ledger storage marked entries corrupt (from a read, or the scrubber's thread):
@@ -525,8 +537,12 @@ class Bookie:
         """Feed the fullest data disk's usage in: the journal's or a ledger directory's in
         service."""
         ledgers = self.storage.refresh_usage(self.config.disk_usage_threshold)
-        used = max(_used_fraction(self.config.journal_directory), ledgers)
-        self.disk = self.disk.with_usage(used)
+        try:
+            journal = _used_fraction(self.config.journal_directory)
+        except OSError as error:  # the journal's own writes report its disk's failure
+            log.warning("bookie %s: the journal's disk usage is unknown: %s", self.bookie_id, error)
+            journal = 0.0
+        self.disk = self.disk.with_usage(max(journal, ledgers))
 
     def _directory_failed(self, name: str, reason: str, ledgers: list[LedgerId]) -> None:
         """A ledger directory failed (the event loop): its scrubber stops, the bookie
@@ -717,6 +733,16 @@ def _warn_if_the_journal_disk_is_small(bookie_id: str, journal_dir: Path, file_s
             size >> 20,
             file_size >> 20,
         )
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task; its own error, if it had died of one, is raised."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _now(close: Callable[[], None]) -> None:
+    close()
 
 
 def _disk_size(directory: Path) -> Callable[[], int]:

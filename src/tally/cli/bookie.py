@@ -81,9 +81,9 @@ def run(
             # Now, before the store session starts: its seconds of imports, made in the
             # event loop, would hold up the session's heartbeat on a loaded machine.
             importlib.import_module("tally.http.admin")
-        lost_session = asyncio.run(_serve(settings))
+        lost_session, stop_failures = asyncio.run(_serve(settings))
     except SessionExpired:  # lost while starting: a new start is the cure all the same
-        lost_session = True
+        lost_session, stop_failures = True, 0
     except TallyError as error:
         typer.echo(f"tally bookie: {error}", err=True)
         raise typer.Exit(code=2) from None
@@ -96,10 +96,18 @@ def run(
             err=True,
         )
         raise typer.Exit(code=EXIT_SESSION_LOST)
+    if stop_failures:
+        typer.echo(
+            f"tally bookie: stopped, but {stop_failures} step(s) of its stop failed (logged "
+            "above): check its disks before starting it again",
+            err=True,
+        )
+        raise typer.Exit(code=1)
 
 
-async def _serve(settings: BookieConfig) -> bool:
-    """Serve until stopped; whether it stopped on a lost metadata store session."""
+async def _serve(settings: BookieConfig) -> tuple[bool, int]:
+    """Serve until stopped; whether it stopped on a lost metadata store session, and how
+    many steps of its stop failed."""
     bookie = Bookie(settings, admin_http=admin_http)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -112,7 +120,7 @@ async def _serve(settings: BookieConfig) -> bool:
     tune_garbage_collector()
     print(f"bookie {bookie.bookie_id} ready on {bookie.address}", flush=True)
     await bookie.wait_stopped()
-    return bookie.lost_session
+    return bookie.lost_session, bookie.stop_failures
 
 
 async def admin_http(
