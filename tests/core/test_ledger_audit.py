@@ -778,3 +778,36 @@ def test_placement_is_judged_as_adherence_of_racks_does(
 def test_an_empty_batch_is_fine() -> None:
     columns = _columns([], set(BOOKIES), SPREAD)
     assert clean_ledgers(columns, min_racks=2, cluster_racks=1).tolist() == []
+
+
+def test_a_report_damaged_into_a_group_that_ends_before_it_starts_is_judged_not_clean() -> None:
+    """Found by the property above: a flipped bit made a group's first entry 2^56 + 2 and
+    its last 5; counting its runs gave a negative number, and numpy refused it, ending the
+    whole batch's audit. Now the group is simply not on schedule: the ledger is judged."""
+    hexed = {
+        "b5": "0900000000000000090000000100000000",
+        "b6": "0800000000000000080000000100000000",
+        "b2": "0100000000000000070000000200000003",
+        "b1": "0000000000000000000000000100000000",
+        "b7": "0100000000000000010000000100000000000000000000000300000000000000060000000200000003"
+        "000000000000000900000000000000090000000100000000",
+        "b0": "0000000000000000000000000100000000010000000000000200000000000000050000000200000003",
+    }
+    groups = {"b5": 1, "b6": 1, "b2": 1, "b1": 1, "b7": 3, "b0": 2}
+    reports = {
+        bookie: (groups[bookie]).to_bytes(8, "big") + bytes(63) + bytes.fromhex(tail)
+        for bookie, tail in hexed.items()
+    }
+    segments = [
+        (0, ("b0", "b1", "b2")),
+        (1, ("b0", "b7", "b2")),
+        (7, ("b6", "b7", "b2")),
+        (9, ("b5", "b7", "b2")),
+    ]
+    raw: Raw = (2, 2, 1, 9, segments, reports)
+    one = (1).to_bytes(8, "big") + bytes(63) + bytes.fromhex("0000000000000000000000000100000000")
+    small: Raw = (1, 1, 1, 0, [(0, ("b0",))], {"b0": one})
+    responded = set(BOOKIES)
+    ledgers = [small, small, raw]  # as the property drew them: the batch's arrays together
+    clean = clean_ledgers(_columns(ledgers, responded, RACKS), min_racks=1, cluster_racks=3)
+    assert clean.tolist()[2] is False

@@ -288,13 +288,16 @@ def _on_schedule(
     e = np.maximum(e, 1)
     alike = period % e == 0
     runs = np.where(alike, 1, (last - first) // np.maximum(period, 1) + 1)
-    checked = np.where(runs <= _RUNS_CHECKED, runs, 1)
+    # A damaged report's group (last before first: no valid group, rejected apart) counts
+    # as one run here, so that the arrays stay whole; it is never on schedule.
+    provable = (runs >= 1) & (runs <= _RUNS_CHECKED)
+    checked = np.where(provable, runs, 1)
     group = np.repeat(np.arange(first.size, dtype=np.int64), checked)
     index = np.arange(group.size, dtype=np.int64) - np.repeat(np.cumsum(checked) - checked, checked)
     behind = (position[group] - (first[group] + index * period[group])) % e[group]
     fits = (wq[group] >= e[group]) | ((behind < wq[group]) & (size[group] <= behind + 1))
     misfits = np.bincount(group[~fits], minlength=first.size)
-    on: BoolArray = (runs <= _RUNS_CHECKED) & (misfits == 0)
+    on: BoolArray = provable & (misfits == 0)
     return on
 
 
