@@ -383,9 +383,7 @@ class Bookie:
             if self._journal is not None:
                 await self._stop_step("closing its journal", self._journal.close())
                 if self._storage is not None:
-                    await self._stop_step(  # the journal keeps what it could not write
-                        "its last checkpoint", asyncio.to_thread(self._checkpoint_now)
-                    )
+                    await self._stop_step("its last checkpoint", self._last_checkpoint())
             if self._storage is not None:
                 await self._stop_step("closing its storage", _now(self._storage.close))
             if self._registry is not None:
@@ -401,6 +399,12 @@ class Bookie:
             self._stopped.set()
         if self.bookie_id:  # else it never got as far as its identity: nothing to report
             log.info("bookie %s stopped", self.bookie_id)
+
+    async def _last_checkpoint(self) -> None:
+        try:
+            await asyncio.to_thread(self._checkpoint_now)
+        except WriteFailed as error:  # the journal keeps what it could not write: no failure
+            log.error("bookie %s: last checkpoint failed: %s", self.bookie_id, error)
 
     async def _stop_step(self, what: str, step: Awaitable[object]) -> None:
         try:
