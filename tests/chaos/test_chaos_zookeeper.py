@@ -16,5 +16,5 @@ def test_a_short_chaos_run_on_zookeeper_keeps_every_acknowledged_entry(tmp_path:
     check_short_run(
         tmp_path / "run",
         *("--metadata", "zk", "--duration", "30s", "--seed", "130", "--no-audit"),
-        faults=DISK_FAULTS | {"kill_zookeeper_leader", "kill_bookie", "pause_bookie"},
+        faults=DISK_FAULTS | {"kill_zookeeper_leader"},
     )
