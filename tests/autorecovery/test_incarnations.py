@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tally.client.client import Client
 from tally.core.schedule import write_set
@@ -35,6 +34,7 @@ from tests.autorecovery.test_end_to_end import (
     wait_repaired,
     write_ledgers,
 )
+from tests.bookie.conftest import scrape
 from tests.support.cluster import Cluster, eventually_writable, running_cluster
 from tests.support.polling import until
 from tests.support.processes import tally
@@ -55,16 +55,6 @@ def checks_done(port: int) -> bool:
     with urllib.request.urlopen(url, timeout=5) as answer:
         checks = json.load(answer)["auditor"]["checks"]
     return all(check["last_run_ms"] for check in checks.values() if check["enabled"])
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 async def test_a_bookie_wiped_and_formatted_anew_under_its_id_is_marked_and_repaired(

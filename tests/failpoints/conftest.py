@@ -76,15 +76,17 @@ def faulty_bookie(
     *,
     program: tuple[str, ...] = BookieProcess.program,
     env: Mapping[str, str] | None = None,
+    extra: tuple[str, ...] = (),
     **settings: Any,
 ) -> BookieProcess:
     """A bookie process (not started) with failpoints `spec` and BookieConfig `settings`,
-    as TALLY_FAILPOINTS and TALLY_BOOKIE_* variables (and `env`)."""
+    as TALLY_FAILPOINTS and TALLY_BOOKIE_* variables (and `env`); `extra`: more options."""
     variables = {"session_timeout": SESSION_TIMEOUT, **QUIET_DISK, **settings}
     return BookieProcess(
         uri,
         data_dir,
         program=program,
+        extra=extra,
         env={
             **(env or {}),
             ENVIRONMENT_VARIABLE: spec,

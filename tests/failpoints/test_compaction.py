@@ -31,6 +31,7 @@ from tally.core.digest import crc32c
 from tally.core.errors import NoSuchLedger, WriteFailed
 from tally.core.ids import LedgerId
 from tally.failpoints import enabled
+from tests.bookie.conftest import sample, scrape
 from tests.failpoints.conftest import (
     RawWriter,
     crashed_at,
@@ -41,7 +42,7 @@ from tests.failpoints.conftest import (
 )
 from tests.support.gc_bookie import DOOMED, FORCE
 from tests.support.polling import until
-from tests.support.processes import init_cluster
+from tests.support.processes import free_port, init_cluster
 
 POINTS = ["compaction.after_copy", "compaction.before_remove"]
 LOG_SIZE = 64 << 10
@@ -159,6 +160,7 @@ CRASH_SETTINGS = {
 
 async def test_a_bookie_crashing_mid_compaction_loses_and_doubles_nothing(tmp_path: Path) -> None:
     uri = init_cluster(tmp_path)
+    metrics_ports = {name: free_port() for name in POINTS}
     bookies = {
         name: faulty_bookie(
             uri,
@@ -166,6 +168,7 @@ async def test_a_bookie_crashing_mid_compaction_loses_and_doubles_nothing(tmp_pa
             f"{name}=crash",
             program=("tests.support.gc_bookie",),
             env={"TALLY_GC_INTERVAL": "0.1"},
+            extra=("--metrics-port", str(metrics_ports[name])),
             **CRASH_SETTINGS,
         )
         for name in POINTS
@@ -176,7 +179,14 @@ async def test_a_bookie_crashing_mid_compaction_loses_and_doubles_nothing(tmp_pa
             writers = {
                 name: RawWriter(b.address, [KEPT, DOOMED_LEDGER]) for name, b in bookies.items()
             }
-            await asyncio.gather(*(w.add(600) for w in writers.values()))
+            # A checkpoint writes its entries sorted by ledger: if all 600 adds fit in one
+            # (a fast machine), the doomed ledger gets logs of its own, deleted whole with
+            # no compaction to crash in. Rounds of a quarter log, each checkpointed before
+            # the next, interleave the two ledgers in every log.
+            for _ in range(20):
+                await asyncio.gather(*(w.add(30) for w in writers.values()))
+                for port in metrics_ports.values():
+                    await until(lambda p=port: cached_bytes(p) == 0, "a checkpoint")
             for name, bookie in bookies.items():
                 assert writers[name].acknowledged_count == 600
                 await until(lambda b=bookie: len(log_ids(b.data_dir / "ledgers")) >= 5, "logs")
@@ -209,6 +219,11 @@ async def test_a_bookie_crashing_mid_compaction_loses_and_doubles_nothing(tmp_pa
             assert (info.entry_count, info.byte_count) == (len(kept), sum(sizes)), (name, info)
             counted = sum(size for _, _, ledger, size in storage._index.usages() if ledger == KEPT)
             assert counted == sum(RECORD_HEADER_SIZE + size for size in sizes), "counted once"
+
+
+def cached_bytes(metrics_port: int) -> float:
+    """Entry bytes the bookie has not checkpointed yet."""
+    return sample(scrape(metrics_port), "bookie_write_cache_bytes")
 
 
 def pointed_to(storage: LedgerStorage) -> set[int]:
