@@ -53,10 +53,12 @@ def load(
     file: Path | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> T:
     """An instance of the dataclass `cls` from its defaults and the given sources.
 
-    `overrides` are the command line's flags; a None value means "flag not given".
+    `overrides` are the command line's flags; a None value means "flag not given". `flags`
+    names the flag of a setting whose flag is not --<setting> (for the messages).
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
@@ -94,7 +96,8 @@ def load(
             continue
         if name not in fields:
             raise BadRequest(f"no {section} setting named {name!r}")
-        sources[name] = f"option --{name.replace('_', '-')}"
+        flag = (flags or {}).get(name, f"--{name.replace('_', '-')}")
+        sources[name] = f"option {flag}"
         values[name] = _convert(raw, hints[name], sources[name])
 
     if "metadata" in fields and "metadata" not in values:

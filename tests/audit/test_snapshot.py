@@ -14,11 +14,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import SparkSession
 
 import tally
 from tally.audit import schema, snapshot
 from tally.audit.config import AuditConfig
 from tally.audit.snapshot import take_snapshot
+from tally.audit.snapshot_job import take_snapshot_on_spark
 from tally.client.bookie_connection import BookieConnection
 from tally.core.availability import EntryAvailability
 from tally.core.deletion import ClusterSettings
@@ -388,3 +390,52 @@ def test_the_dump_agrees_with_get_list_of_entries(
                 await connection.close()
 
     asyncio.run(ask())
+
+
+def _sorted_rows(out: Path, name: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row.values()) for row in _rows(out, name))
+
+
+def test_the_snapshot_taken_by_spark_tasks_is_the_one_taken_in_process(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path, spark: SparkSession
+) -> None:
+    """Ranges of ledger ids and the bookies' dumps exported by Spark tasks, each into its own
+    part; a bookie that never answers and one that breaks its dump off are recorded as not
+    responding, with no rows, and the job goes on."""
+    alone, tasks = tmp_path / "alone", tmp_path / "tasks"
+    config = AuditConfig(snapshot_bookie_timeout=1.0)
+    progress: list[tuple[str, int, int | None]] = []
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any], set[str]]:
+        async with (
+            fake_bookie(cluster.uri, "silent") as silent,
+            fake_bookie(cluster.uri, "cut") as cut,
+        ):
+            in_process = await take_snapshot(cluster.uri, alone, config=config)
+            by_spark = await asyncio.to_thread(
+                take_snapshot_on_spark,
+                spark,
+                cluster.uri,
+                tasks,
+                config=config,
+                progress=lambda *args: progress.append(args),
+            )
+            return in_process, by_spark, {silent, cut}
+
+    in_process, by_spark, fakes = asyncio.run(run())
+    for name in schema.SNAPSHOT_TABLES:
+        assert _sorted_rows(tasks, name) == _sorted_rows(alone, name), name
+    assert len(list((tasks / schema.LEDGERS).glob("*.parquet"))) > 1, "one part per range"
+    assert by_spark["counts"] == in_process["counts"]
+    assert by_spark["counts"]["ledgers"] == len(written)
+    assert set(by_spark["unresponsive_bookies"]) == fakes
+    assert {row["bookie_id"] for row in _rows(tasks, schema.AVAILABILITY)} == {
+        b.address for b in cluster.bookies
+    }
+    ignored = ("created_ms", "unresponsive_bookies")
+    assert {k: v for k, v in by_spark.items() if k not in ignored} == {
+        k: v for k, v in in_process.items() if k not in ignored
+    }
+    bookies = len(cluster.bookies) + len(fakes)
+    assert ("bookies dumped", bookies, bookies) in progress
+    assert any(stage == "ledger ranges" for stage, _, _ in progress)

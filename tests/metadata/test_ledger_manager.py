@@ -19,7 +19,14 @@ from tally.metadata import ledger_manager
 from tally.metadata.cluster import init_cluster
 from tally.metadata.deletion import tombstone_ledger
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
-from tally.metadata.paths import IDGEN, LEDGER_METADATA, LEDGERS, SCOPED_SUFFIX
+from tally.metadata.ledger_tree import split, walk
+from tally.metadata.paths import (
+    IDGEN,
+    LEDGER_METADATA,
+    LEDGERS,
+    SCOPED_SUFFIX,
+    TOMBSTONE_RECORDS,
+)
 from tally.metadata.store import MetadataStore
 from tests.metadata.conftest import Backend
 from tests.metadata.service_support import (
@@ -288,6 +295,37 @@ async def test_iteration_visits_every_ledger_in_id_order_page_by_page(backend: B
             assert read_back[ledger_id] == await manager.read_ledger_metadata(ledger_id)
         with pytest.raises(BadRequest, match="page size"):
             [page async for page in manager.ledger_pages(page_size=0)]
+
+
+@pytest.mark.parametrize("wanted", [1, 4, 40])
+async def test_subtrees_split_the_ids_of_every_tree_once(backend: Backend, wanted: int) -> None:
+    """The ranges a Spark snapshot exports in parallel: every key of the metadata and of the
+    tombstones in exactly one of them, an id only the tombstones use included."""
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        ids = [LedgerId.classic(i) for i in (1, 2, 9_999, 10_000, 2**33, 2**64 - 1)]
+        ids += [LedgerId(1, 5), LedgerId(7, 70_000), LedgerId.from_uuid()]
+        for ledger_id in ids:
+            await manager.create_ledger_metadata(ledger_id, sample_metadata())
+        gone = [LedgerId.classic(2**50 + 3), LedgerId(9, 1)]  # tombstones only
+        for ledger_id in (*gone, ids[1]):
+            await store.create(TOMBSTONE_RECORDS.path(ledger_id), b"x", make_parents=True)
+        stray = "/ledgers/0000/not-a-ledger"
+        await store.create(stray)
+
+        trees = (LEDGER_METADATA, TOMBSTONE_RECORDS)
+        parts, strays = await split(store, trees, wanted)
+        assert len(parts) >= min(wanted, 4), parts
+        met = [path for _, path in strays]  # met splitting, or else walking a part
+        for tree, expected in ((LEDGER_METADATA, ids), (TOMBSTONE_RECORDS, [*gone, ids[1]])):
+            found = []
+            for part in parts:
+                async for page in walk(store, tree, within=part):
+                    found += [ledger_id for ledger_id, _, _ in page.ledgers]
+                    met += page.strays
+            assert sorted(found) == sorted(expected), tree
+        assert met == [stray]
 
 
 async def test_iterating_an_empty_cluster_gives_nothing(backend: Backend) -> None:

@@ -7,6 +7,7 @@ live cluster take the client's settings (`[client]`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tally.config import check
@@ -28,6 +29,9 @@ class AuditConfig:
     too long; 0 never reports it (as the auditor's grace period of 0)."""
     min_num_racks_per_write_quorum: int = DEFAULT_MIN_NUM_RACKS_PER_WRITE_QUORUM
     """Racks every write set must span, capped by WQ and by the racks the cluster has."""
+    spark_conf: tuple[str, ...] = ()
+    """Any Spark settings, as KEY=VALUE (`--conf`), applied after tally's own: executor
+    memory and cores, `spark.pyspark.python` for the executors' interpreter, ..."""
     snapshot_session_timeout: float = 30.0
     """Seconds of the snapshot's metadata session (a long walk of the ledgers)."""
     snapshot_bookie_timeout: float = 30.0
@@ -43,3 +47,23 @@ class AuditConfig:
         for name in ("snapshot_session_timeout", "snapshot_bookie_timeout"):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")
         check(bool(self.spark_master), "spark_master", "must name a Spark master")
+        parse_spark_conf(self.spark_conf)
+
+    @property
+    def spark_settings(self) -> dict[str, str]:
+        """`spark_conf` as a mapping."""
+        return parse_spark_conf(self.spark_conf)
+
+
+def parse_spark_conf(items: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` items (as `--conf` takes them) as settings; BadSetting on any other."""
+    settings: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        check(
+            bool(equals and key.strip()),
+            "spark_conf",
+            f"{item!r} is not KEY=VALUE (e.g. spark.executor.memory=2g)",
+        )
+        settings[key.strip()] = value.strip()
+    return settings

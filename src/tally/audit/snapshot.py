@@ -5,10 +5,15 @@ metadata once and asks each bookie once for its whole availability (AVAILABILITY
 the Spark checks can join the two offline. The metadata goes first: a ledger closed before
 the walk has all its entries on its bookies already, so the dumps that follow can only show
 more than the metadata knows (a ledger created meanwhile looks orphaned), never less; the
-confirmation pass (`tally.audit.confirm`) drops such skew. The tombstones are walked after
-the ledgers, and a ledger's metadata is replaced by its tombstone in one transaction, so a
-ledger the ledger walk misses because it was tombstoned is in the tombstone walk; one
-tombstoned between the two walks is in both, and the checks take its tombstone.
+confirmation pass (`tally.audit.confirm`) drops such skew. Within a range of ids the
+tombstones are walked after the ledgers, and a ledger's metadata is replaced by its
+tombstone in one transaction, so a ledger the ledger walk misses because it was tombstoned is
+in the tombstone walk; one tombstoned between the two walks is in both, and the checks take
+its tombstone.
+
+The pieces, each writing its own Parquet part, are shared by the two ways to take one:
+`take_snapshot` here, in one process (every id in one range, four bookies dumped at once),
+and `tally.audit.snapshot_job`, as Spark tasks (a range of ids or a bookie per task).
 
 Memory stays bounded: ledgers are written a page at a time, and each bookie's dump streams
 into its own Parquet part in row batches. A bookie that cannot be reached, or whose dump
@@ -24,6 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ import pyarrow.parquet as pq
 
 from tally.audit import schema
 from tally.audit.config import AuditConfig
-from tally.client.bookie_pool import BookiePool
+from tally.client.bookie_connection import BookieConnection
 from tally.core.deletion import Tombstone
 from tally.core.errors import BadRequest, TallyError
 from tally.core.ids import LedgerId
@@ -45,6 +51,7 @@ from tally.metadata.bookie_registry import (
 from tally.metadata.cluster import require_cluster
 from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
+from tally.metadata.ledger_tree import Subtree
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.tombstones import tombstone_pages
@@ -155,6 +162,52 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
+@dataclass(frozen=True)
+class MetadataPart:
+    """What the export of one range of ledger ids found (or of several, added up)."""
+
+    ledgers: int = 0
+    segments: int = 0
+    unreadable_ledgers: int = 0
+    tombstones: int = 0
+    unreadable_tombstones: int = 0
+    underreplicated: int = 0
+    named: frozenset[str] = frozenset()
+    """Bookies some ensemble of the range names."""
+
+    def __add__(self, other: MetadataPart) -> MetadataPart:
+        counts = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "named"
+        }
+        return MetadataPart(**counts, named=self.named | other.named)
+
+
+@dataclass(frozen=True)
+class BookieDump:
+    """One bookie's dump: the rows written, or why it did not respond (its part deleted)."""
+
+    bookie_id: str
+    rows: int
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The bookies the registry lists when the metadata has been exported, with addresses."""
+
+    available: AvailableBookies
+    placements: dict[str, BookiePlacement]
+    addresses: dict[str, str]
+    unreachable: dict[str, str]
+    """Registered bookies whose address could not be read, with why."""
+
+    @property
+    def bookies(self) -> list[str]:
+        return sorted(self.available.writable | self.available.read_only)
+
+
 async def take_snapshot(
     metadata_uri: str,
     out: Path,
@@ -162,7 +215,8 @@ async def take_snapshot(
     progress: Progress | None = None,
     config: AuditConfig | None = None,
 ) -> dict[str, Any]:
-    """Export the cluster at `metadata_uri` into `out`; returns snapshot.json's content.
+    """Export the cluster at `metadata_uri` into `out` in this process; returns
+    snapshot.json's content.
 
     The config's `snapshot_bookie_timeout` bounds the wait for each frame of a bookie's
     dump (and for its connection): a bookie silent for longer counts as not responding.
@@ -171,51 +225,109 @@ async def take_snapshot(
     report = progress or _no_progress
     prepare_output(out, schema.SNAPSHOT_PARTS)
     created_ms = int(time.time() * 1000)
-    store = open_store(metadata_uri, session_timeout=config.snapshot_session_timeout)
-    await store.start()
-    try:
+    async with open_store(metadata_uri, session_timeout=config.snapshot_session_timeout) as store:
         cluster = await require_cluster(store, uri=metadata_uri)
-        registry = BookieRegistry(store)
-        marks = {
-            mark.ledger_id: mark.first_marked_ms
-            async for mark in UnderReplicationManager(store).list_under_replicated()
-        }
         settings = await read_settings(store)
-        named, ledgers, segments, unreadable = await _export_ledgers(
-            LedgerManager(store), marks, out, report
-        )
-        tombstones, unreadable_tombstones = await _export_tombstones(store, out, report)
-        available = await registry.available_bookies()
-        placements = await registry.placements()
-        registered = sorted(available.writable | available.read_only)
-        pool = BookiePool(registry, request_timeout=config.snapshot_bookie_timeout)
-        try:
-            failures, availability_rows = await _export_availability(pool, registered, out, report)
-        finally:
-            await pool.close()
-    finally:
-        await store.close()
+        found = await export_metadata_range(store, out, 0, None, report)
+        registered = await registered_bookies(store)
+    limit = asyncio.Semaphore(DUMP_CONCURRENCY)
 
-    rows = _bookie_rows(named, available, placements, failures)
+    async def dump(number: int, bookie: str) -> BookieDump:
+        async with limit:
+            return await dump_bookie(registered, bookie, out, number, config, report)
+
+    dumps = await asyncio.gather(*(dump(n, b) for n, b in enumerate(registered.bookies)))
+    return finish_snapshot(
+        out,
+        metadata_uri=metadata_uri,
+        instance_id=cluster.instance_id,
+        created_ms=created_ms,
+        settings=settings.to_dict(),
+        found=found,
+        registered=registered,
+        dumps=dumps,
+    )
+
+
+async def registered_bookies(store: MetadataStore) -> Registered:
+    """The registry's bookies now, their placements, and where to reach each."""
+    registry = BookieRegistry(store)
+    available = await registry.available_bookies()
+    placements = await registry.placements()
+    addresses: dict[str, str] = {}
+    unreachable: dict[str, str] = {}
+    for bookie in sorted(available.writable | available.read_only):
+        try:
+            registration = await registry.registration(bookie)
+        except TallyError as error:
+            unreachable[bookie] = f"{type(error).__name__}: {error}"
+            continue
+        if registration is None:
+            unreachable[bookie] = "BookieUnavailable: unregistered before it was asked"
+        else:
+            addresses[bookie] = registration.info.address
+    return Registered(available, placements, addresses, unreachable)
+
+
+async def export_metadata_range(
+    store: MetadataStore, out: Path, number: int, within: Subtree | None, report: Progress
+) -> MetadataPart:
+    """Write the ledgers, segments and tombstones of the ids `within` (all: None) as part
+    `number` of each table. The marks go first, then the ledgers, then the tombstones."""
+    marks = {
+        mark.ledger_id: mark.first_marked_ms
+        async for mark in UnderReplicationManager(store).list_under_replicated(within=within)
+    }
+    named, ledgers, segments, unreadable = await _export_ledgers(
+        LedgerManager(store), marks, out, number, within, report
+    )
+    tombstones, unreadable_tombstones = await _export_tombstones(store, out, number, within, report)
+    return MetadataPart(
+        ledgers, segments, unreadable, tombstones, unreadable_tombstones, len(marks), named
+    )
+
+
+def finish_snapshot(
+    out: Path,
+    *,
+    metadata_uri: str,
+    instance_id: str,
+    created_ms: int,
+    settings: dict[str, Any],
+    found: MetadataPart,
+    registered: Registered,
+    dumps: Iterable[BookieDump],
+) -> dict[str, Any]:
+    """Write bookies/ and snapshot.json once the exports are done; snapshot.json's content."""
+    failures = dict(registered.unreachable)
+    availability_rows = 0
+    for dumped in dumps:
+        availability_rows += dumped.rows
+        if dumped.failure is not None:
+            failures[dumped.bookie_id] = dumped.failure
+    if availability_rows == 0:
+        DatasetWriter(
+            out / schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY
+        ).close()
+    rows = _bookie_rows(found.named, registered.available, registered.placements, failures)
     bookies = DatasetWriter(out / schema.BOOKIES, schema.BOOKIES_SCHEMA, schema.BOOKIES)
     bookies.write_rows(rows)
     bookies.close()
-
     summary: dict[str, Any] = {
         "format_version": schema.FORMAT_VERSION,
         "created_ms": created_ms,
-        "cluster": {"metadata": metadata_uri, "instance_id": cluster.instance_id},
+        "cluster": {"metadata": metadata_uri, "instance_id": instance_id},
         "tool": {"name": "tally", "version": __version__},
-        schema.CLUSTER_SETTINGS: settings.to_dict(),
+        schema.CLUSTER_SETTINGS: settings,
         "counts": {
-            "ledgers": ledgers,
-            "segments": segments,
-            "unreadable_ledgers": unreadable,
-            "tombstones": tombstones,
-            "unreadable_tombstones": unreadable_tombstones,
-            "underreplicated": len(marks),
+            "ledgers": found.ledgers,
+            "segments": found.segments,
+            "unreadable_ledgers": found.unreadable_ledgers,
+            "tombstones": found.tombstones,
+            "unreadable_tombstones": found.unreadable_tombstones,
+            "underreplicated": found.underreplicated,
             "bookies": len(rows["bookie_id"]),
-            "bookies_registered": len(registered),
+            "bookies_registered": len(registered.bookies),
             "bookies_responded": sum(rows["responded"]),
             "availability": availability_rows,
         },
@@ -226,7 +338,7 @@ async def take_snapshot(
 
 
 def _bookie_rows(
-    named: set[str],
+    named: frozenset[str],
     available: AvailableBookies,
     placements: dict[str, BookiePlacement],
     failures: dict[str, str],
@@ -255,17 +367,22 @@ def _no_progress(stage: str, done: int, total: int | None) -> None:
 
 
 async def _export_ledgers(
-    manager: LedgerManager, marks: dict[LedgerId, int], out: Path, report: Progress
-) -> tuple[set[str], int, int, int]:
-    """Write ledgers/ and segments/; (bookies named by any ensemble, ledgers, segments,
-    ledgers whose metadata does not decode)."""
-    ledgers = DatasetWriter(out / schema.LEDGERS, schema.LEDGERS_SCHEMA, schema.LEDGERS)
-    segments = DatasetWriter(out / schema.SEGMENTS, schema.SEGMENTS_SCHEMA, schema.SEGMENTS)
+    manager: LedgerManager,
+    marks: dict[LedgerId, int],
+    out: Path,
+    number: int,
+    within: Subtree | None,
+    report: Progress,
+) -> tuple[frozenset[str], int, int, int]:
+    """Write part `number` of ledgers/ and segments/; (bookies named by any ensemble,
+    ledgers, segments, ledgers whose metadata does not decode)."""
+    ledgers = _part(out, schema.LEDGERS, schema.LEDGERS_SCHEMA, number)
+    segments = _part(out, schema.SEGMENTS, schema.SEGMENTS_SCHEMA, number)
     named: set[str] = set()
     unreadable = 0
     ledger_rows = empty_rows(schema.LEDGERS_SCHEMA)
     segment_rows = empty_rows(schema.SEGMENTS_SCHEMA)
-    async for page in manager.ledger_pages(LEDGER_PAGE):
+    async for page in manager.ledger_pages(LEDGER_PAGE, within):
         for bad in page.unreadable:
             log.error("snapshot: %s: %s", bad.path, bad.error)
         unreadable += len(page.unreadable)
@@ -281,7 +398,11 @@ async def _export_ledgers(
     segments.write_rows(segment_rows)
     ledgers.close()
     segments.close()
-    return named, ledgers.rows, segments.rows, unreadable
+    return frozenset(named), ledgers.rows, segments.rows, unreadable
+
+
+def _part(out: Path, name: str, table_schema: pa.Schema, number: int) -> DatasetWriter:
+    return DatasetWriter(out / name, table_schema, name, first_part=number)
 
 
 def empty_rows(table_schema: pa.Schema) -> dict[str, list[Any]]:
@@ -326,11 +447,13 @@ def _ledger_rows(
         named.update(segment.ensemble)
 
 
-async def _export_tombstones(store: MetadataStore, out: Path, report: Progress) -> tuple[int, int]:
-    """Write tombstones/; (tombstones, tombstones that do not decode)."""
-    writer = DatasetWriter(out / schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA, schema.TOMBSTONES)
+async def _export_tombstones(
+    store: MetadataStore, out: Path, number: int, within: Subtree | None, report: Progress
+) -> tuple[int, int]:
+    """Write part `number` of tombstones/; (tombstones, tombstones that do not decode)."""
+    writer = _part(out, schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA, number)
     unreadable = 0
-    async for page in tombstone_pages(store, LEDGER_PAGE):
+    async for page in tombstone_pages(store, LEDGER_PAGE, within):
         for path, error in page.unreadable:
             log.error("snapshot: %s: %s", path, error)
         unreadable += len(page.unreadable)
@@ -364,56 +487,56 @@ def add_tombstone_row(
         rows[name].append(value)
 
 
-async def _export_availability(
-    pool: BookiePool, bookies: list[str], out: Path, report: Progress
-) -> tuple[dict[str, str], int]:
-    """Dump every bookie into availability/, each into its own part; the bookies that did
-    not respond (with why), and the rows written."""
-    directory = out / schema.AVAILABILITY
-    failures: dict[str, str] = {}
-    rows = 0
-    limit = asyncio.Semaphore(DUMP_CONCURRENCY)
-
-    async def dump(number: int, bookie: str) -> None:
-        nonlocal rows
-        writer = DatasetWriter(
-            directory, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY, first_part=number
-        )
-        async with limit:
-            try:
-                await _dump_bookie(pool, bookie, writer, report)
-            except TallyError as error:
-                log.warning("snapshot: bookie %s did not respond: %s", bookie, error)
-                failures[bookie] = f"{type(error).__name__}: {error}"
-                writer.discard_part()
-            writer.next_part()
-        rows += writer.rows
-
-    await asyncio.gather(*(dump(number, bookie) for number, bookie in enumerate(bookies)))
-    if rows == 0:
-        DatasetWriter(directory, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY).close()
-    return failures, rows
+async def dump_bookie(
+    registered: Registered,
+    bookie: str,
+    out: Path,
+    number: int,
+    config: AuditConfig,
+    report: Progress,
+) -> BookieDump:
+    """Stream one bookie's AVAILABILITY_DUMP into part `number` of availability/, ROW_BATCH
+    rows at a time. A bookie that cannot be reached, or whose dump fails midway, has its part
+    deleted and is recorded as not responding: a partial dump never passes for a bookie that
+    lost entries. Never retried here: a silent bookie costs one timeout."""
+    address = registered.addresses.get(bookie)
+    if address is None:
+        return BookieDump(bookie, 0, registered.unreachable.get(bookie, "no address"))
+    writer = _part(out, schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA, number)
+    try:
+        await _dump_bookie(address, bookie, writer, config, report)
+    except TallyError as error:
+        log.warning("snapshot: bookie %s did not respond: %s", bookie, error)
+        writer.discard_part()
+        return BookieDump(bookie, 0, f"{type(error).__name__}: {error}")
+    writer.next_part()
+    return BookieDump(bookie, writer.rows)
 
 
 async def _dump_bookie(
-    pool: BookiePool, bookie: str, writer: DatasetWriter, report: Progress
+    address: str, bookie: str, writer: DatasetWriter, config: AuditConfig, report: Progress
 ) -> None:
-    """Stream one bookie's AVAILABILITY_DUMP into `writer`, ROW_BATCH rows at a time."""
     stage = f"bookie {bookie}"
-    connection = await pool.get(bookie)
+    timeout = config.snapshot_bookie_timeout
+    connection = await BookieConnection.connect(
+        address, connect_timeout=timeout, request_timeout=timeout
+    )
     done = 0
     batch = empty_rows(schema.AVAILABILITY_SCHEMA)
     report(stage, 0, None)
-    async with contextlib.aclosing(connection.availability_dump()) as stream:
-        async for record in stream:
-            batch["bookie_id"].append(bookie)
-            batch["scope"].append(schema.to_int64(record.ledger_id.scope))
-            batch["ledger_id"].append(schema.to_int64(record.ledger_id.id))
-            batch["availability"].append(record.availability)
-            if len(batch["availability"]) >= ROW_BATCH:
-                writer.write_rows(batch)
-                done += len(batch["availability"])
-                batch = empty_rows(schema.AVAILABILITY_SCHEMA)
-                report(stage, done, None)
+    try:
+        async with contextlib.aclosing(connection.availability_dump()) as stream:
+            async for record in stream:
+                batch["bookie_id"].append(bookie)
+                batch["scope"].append(schema.to_int64(record.ledger_id.scope))
+                batch["ledger_id"].append(schema.to_int64(record.ledger_id.id))
+                batch["availability"].append(record.availability)
+                if len(batch["availability"]) >= ROW_BATCH:
+                    writer.write_rows(batch)
+                    done += len(batch["availability"])
+                    batch = empty_rows(schema.AVAILABILITY_SCHEMA)
+                    report(stage, done, None)
+    finally:
+        await connection.close()
     writer.write_rows(batch)
     report(stage, done + len(batch["availability"]), done + len(batch["availability"]))

@@ -18,7 +18,7 @@ from tally.cli.console import err as _err
 from tally.cli.console import failures as _failures
 from tally.cli.console import out as _out
 from tally.cli.console import stage_progress as _progress
-from tally.cli.options import ConfigFile, Metadata, required_metadata
+from tally.cli.options import ConfigFile, Metadata, SparkConf, required_metadata
 from tally.config import load
 
 app = typer.Typer(
@@ -45,27 +45,72 @@ def parse_duration(text: str) -> float:
     return float(sum(int(number) * _UNITS[unit] for number, unit in parts))
 
 
+_FLAGS = {
+    "spark_conf": "--conf",
+    "spark_master": "--master",
+    "min_num_racks_per_write_quorum": "--min-racks",
+}
+"""The flags of the settings whose flag is not named after them."""
+
+
 def _settings(config: Path | None, **overrides: Any) -> AuditConfig:
     with _failures():
-        return load(AuditConfig, "audit", file=config, overrides=overrides)
+        return load(AuditConfig, "audit", file=config, overrides=overrides, flags=_FLAGS)
 
 
 @app.command("snapshot")
 def snapshot(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the snapshot into.")],
     metadata: Metadata = None,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            help="Take it as a Spark job on this master (local[2], spark://host:7077, ...): "
+            "ranges of ledgers and the bookies' dumps exported by parallel tasks. "
+            "Default: in this process."
+        ),
+    ] = None,
+    conf: SparkConf = None,
     config: ConfigFile = None,
 ) -> None:
-    """Export the cluster's metadata and every bookie's availability as Parquet."""
-    from tally.audit.snapshot import take_snapshot
+    """Export the cluster's metadata and every bookie's availability as Parquet.
 
-    settings = _settings(config, metadata=required_metadata(metadata))
+    With --master, the executors must reach the metadata store and the bookies, and see
+    --out at the same path as this driver.
+    """
+    settings = _settings(
+        config,
+        metadata=required_metadata(metadata),
+        spark_conf=None if conf is None else tuple(conf),
+    )
     with _progress() as progress, _failures():
-        summary = asyncio.run(
-            take_snapshot(settings.metadata, out, progress=progress, config=settings)
-        )
+        if master is None:
+            from tally.audit.snapshot import take_snapshot
+
+            summary = asyncio.run(
+                take_snapshot(settings.metadata, out, progress=progress, config=settings)
+            )
+        else:
+            summary = _spark_snapshot(settings, master, out, progress)
     _print_counts("snapshot", summary.get("counts", {}))
     _out.print(f"snapshot written to {out}", markup=False)
+
+
+def _spark_snapshot(settings: AuditConfig, master: str, out: Path, progress: Any) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+
+    from tally.audit.checks import spark_session
+    from tally.audit.snapshot_job import take_snapshot_on_spark
+
+    started_here = SparkSession.getActiveSession() is None
+    spark = spark_session(master, memory=settings.spark_memory, conf=settings.spark_settings)
+    try:
+        return take_snapshot_on_spark(
+            spark, settings.metadata, out, config=settings, progress=progress
+        )
+    finally:
+        if started_here:
+            spark.stop()
 
 
 @app.command("run")
@@ -86,11 +131,14 @@ def run(
         int | None,
         typer.Option(min=1, help="Racks every write set must span (capped at WQ; default 2)."),
     ] = None,
+    conf: SparkConf = None,
     config: ConfigFile = None,
 ) -> None:
     """Check every closed ledger of a snapshot on Spark; write violations and a report.
 
-    A Spark session already running in this process is used (and left running).
+    Any master runs it, with executors that do not have tally installed (see `tally audit
+    executors`); the snapshot and --out must be at the same path on the driver and every
+    executor. A Spark session already running in this process is used (and left running).
     """
     from pyspark.sql import SparkSession
 
@@ -102,12 +150,17 @@ def run(
         spark_master=master,
         grace_period=None if grace_period is None else parse_duration(grace_period),
         min_num_racks_per_write_quorum=min_racks,
+        spark_conf=None if conf is None else tuple(conf),
     )
     with _failures():
         schema.require_snapshot(snapshot)
         started_here = SparkSession.getActiveSession() is None
         with _err.status(f"starting Spark ({settings.spark_master})"):
-            spark = spark_session(settings.spark_master, memory=settings.spark_memory)
+            spark = spark_session(
+                settings.spark_master,
+                memory=settings.spark_memory,
+                conf=settings.spark_settings,
+            )
         try:
             with _err.status(f"auditing {snapshot}"):
                 summary = run_audit(
@@ -191,6 +244,25 @@ def synth(
         )
     _print_counts("synthetic snapshot", summary.get("counts", {}))
     _out.print(f"snapshot and truth.json written to {out}", markup=False)
+
+
+@app.command("executors")
+def executors() -> None:
+    """What the executors of a Spark cluster need to run the audit: tally itself is shipped
+    by every job; the rest is their image's to have."""
+    import pyspark
+
+    from tally.audit.executors import executor_requirements, python_version
+
+    _out.print(
+        f"# Executors of `tally audit run` and `tally cluster recover` on a Spark cluster:\n"
+        f"# Spark {pyspark.__version__} on the workers, Python {python_version()} as their "
+        "python3 (or --conf spark.pyspark.python=PATH),\n"
+        "# and these packages (pip install -r this file); tally's code is shipped by the job.",
+        markup=False,
+    )
+    for requirement in executor_requirements():
+        _out.print(requirement, markup=False)
 
 
 def _run_params(report: Path) -> dict[str, Any]:

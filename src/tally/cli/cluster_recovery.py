@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from tally.cli.console import err, failures, out, stage_progress
-from tally.cli.options import ConfigFile, Metadata, required_metadata
+from tally.cli.options import ConfigFile, Metadata, SparkConf, required_metadata
 from tally.core.errors import BadRequest
 
 SHOWN = 20
@@ -101,6 +101,7 @@ def recover(
         ),
     ] = False,
     master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
+    conf: SparkConf = None,
 ) -> None:
     """Rebuild a lost metadata store from the bookies: a report, then (--apply) the store.
 
@@ -110,9 +111,12 @@ def recover(
     their tombstone stay deleted. With --from-snapshot, an older snapshot's metadata stands
     in where the bookies hold no newer copy. Running it again finishes a run cut short.
     """
+    from tally.audit.config import parse_spark_conf
     from tally.audit.recovery.exports import export_path, export_running_bookie
 
     uri = required_metadata(metadata) if apply else metadata
+    with failures():
+        spark_conf = parse_spark_conf(conf or ())
     if bookies is None and exports is None:
         raise typer.BadParameter("give --bookies, --exports or both", param_hint="--bookies")
     with failures():
@@ -126,14 +130,16 @@ def recover(
                     asyncio.run(export_running_bookie(address, export_path(exports, address)))
                     progress("bookies exported", done, len(addresses))
         assert exports is not None
-        summary = _decide(exports, report, master, from_snapshot)
+        summary = _decide(exports, report, master, spark_conf, from_snapshot)
         _print_summary(summary, report)
         if apply:
             assert uri is not None
             _apply(uri, report)
 
 
-def _decide(exports: Path, report: Path, master: str, snapshot: Path | None) -> dict[str, Any]:
+def _decide(
+    exports: Path, report: Path, master: str, conf: dict[str, str], snapshot: Path | None
+) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from tally.audit.checks import spark_session
@@ -150,7 +156,7 @@ def _decide(exports: Path, report: Path, master: str, snapshot: Path | None) -> 
 
     started_here = SparkSession.getActiveSession() is None
     with err.status(f"starting Spark ({master})"):
-        spark = spark_session(master)
+        spark = spark_session(master, conf=conf)
     try:
         with err.status(f"deciding every ledger of the exports in {exports}"):
             return run_recovery(spark, exports, report, snapshot)

@@ -1,4 +1,5 @@
-"""Options that several commands share, defined once: the metadata store and a config file.
+"""Options that several commands share, defined once: the metadata store, a config file,
+Spark settings.
 
 The metadata store's URI comes from `--metadata`, else from $TALLY_METADATA
 (tally.config); a component's own variable (TALLY_BOOKIE_METADATA, ...) may still give it.
@@ -26,6 +27,16 @@ ConfigFile = Annotated[
         "--config",
         help="TOML file with a section per component: \\[bookie], \\[client], "
         "\\[autorecovery], \\[local], \\[audit].",
+        show_default=False,
+    ),
+]
+
+SparkConf = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--conf",
+        help="A Spark setting as KEY=VALUE, applied after tally's own; repeat for more "
+        "(--conf spark.executor.memory=2g --conf spark.pyspark.python=/usr/bin/python3.11).",
         show_default=False,
     ),
 ]

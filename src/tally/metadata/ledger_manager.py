@@ -35,6 +35,7 @@ from tally.core.ledger_metadata import LedgerMetadata
 from tally.metadata.key_ops import Watcher
 from tally.metadata.ledger_tree import (
     DEFAULT_PAGE_SIZE,
+    Subtree,
     create_with_parents,
     walk,
 )
@@ -243,13 +244,16 @@ class LedgerManager:
 
     # -- every ledger --------------------------------------------------------------------
 
-    async def ledger_pages(self, page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[LedgerPage]:
-        """Every ledger's id and metadata, in id order, at most `page_size` per page.
+    async def ledger_pages(
+        self, page_size: int = DEFAULT_PAGE_SIZE, within: Subtree | None = None
+    ) -> AsyncIterator[LedgerPage]:
+        """Every ledger's id and metadata (in the subtree `within`), in id order, at most
+        `page_size` per page.
 
         A key whose bytes do not decode (or that names no ledger) is reported in its page's
         `unreadable` and the iteration goes on.
         """
-        async for page in walk(self.store, LEDGER_METADATA, page_size):
+        async for page in walk(self.store, LEDGER_METADATA, page_size, within):
             ledgers: list[LedgerRecord] = []
             unreadable = [
                 UnreadableLedger(

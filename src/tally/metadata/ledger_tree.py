@@ -53,6 +53,61 @@ async def prune_parents(store: MetadataStore, parents: list[str]) -> None:
 
 
 @dataclass(frozen=True)
+class Subtree:
+    """The keys below one node of a ledger tree's hierarchy, named by the key names from its
+    root: the same node of every ledger tree (metadata, marks, tombstones) holds the same ids,
+    so one subtree names a range of ids in all of them. Picklable, for a Spark task."""
+
+    scoped: bool
+    names: tuple[str, ...] = ()
+
+    def hierarchy(self, tree: LedgerTree) -> Hierarchy:
+        return tree.scoped if self.scoped else tree.classic
+
+    def path(self, tree: LedgerTree) -> str:
+        return "/".join([self.hierarchy(tree).root, *self.names])
+
+
+WHOLE_TREES = (Subtree(scoped=False), Subtree(scoped=True))
+"""Both hierarchies whole: every id."""
+
+
+async def split(
+    store: MetadataStore, trees: tuple[LedgerTree, ...], wanted: int
+) -> tuple[list[Subtree], list[tuple[LedgerTree, str]]]:
+    """At least `wanted` subtrees that together hold every key of `trees` (fewer when the
+    trees hold fewer nodes above their leaves), and the stray keys met on the way, with the
+    tree each is in.
+
+    A node is split into the union of its children in every tree, so a range of ids that only
+    one tree uses (a tombstone of a ledger whose metadata is gone) is in some subtree. Leaves
+    are never split apart: a subtree is at least one parent of leaves.
+    """
+    parts = list(WHOLE_TREES)
+    strays: list[tuple[LedgerTree, str]] = []
+    while len(parts) < wanted:
+        splittable = [
+            part for part in parts if len(part.names) < part.hierarchy(trees[0]).depth - 1
+        ]
+        if not splittable:
+            break
+        finer: list[Subtree] = [part for part in parts if part not in splittable]
+        for part in splittable:
+            level = len(part.names)
+            names: set[str] = set()
+            for tree in trees:
+                pattern = part.hierarchy(tree).patterns[level]
+                for name in await _children(store, part.path(tree)):
+                    if pattern.fullmatch(name):
+                        names.add(name)
+                    else:
+                        strays.append((tree, join(part.path(tree), name)))
+            finer.extend(Subtree(part.scoped, (*part.names, name)) for name in sorted(names))
+        parts = finer
+    return parts, strays
+
+
+@dataclass(frozen=True)
 class TreePage:
     """A page of a walk: the ledgers' keys with their values, and keys naming no ledger."""
 
@@ -61,9 +116,13 @@ class TreePage:
 
 
 async def walk(
-    store: MetadataStore, tree: LedgerTree, page_size: int = DEFAULT_PAGE_SIZE
+    store: MetadataStore,
+    tree: LedgerTree,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    within: Subtree | None = None,
 ) -> AsyncIterator[TreePage]:
-    """Every key of `tree`, sorted by ledger id, `page_size` ledgers per page (at most).
+    """Every key of `tree` (or of its subtree `within`), sorted by ledger id, `page_size`
+    ledgers per page (at most).
 
     The next page is read while the caller works on this one. A ledger created or deleted
     during the walk may or may not appear.
@@ -72,7 +131,7 @@ async def walk(
         raise BadRequest(f"page size must be a positive int, got {page_size!r}")
     reading: asyncio.Task[TreePage] | None = None
     try:
-        async for leaves, strays in _batches(store, tree, page_size):
+        async for leaves, strays in _batches(store, tree, page_size, within):
             next_read = asyncio.ensure_future(_read(store, leaves, strays))
             if reading is not None:
                 yield await reading
@@ -85,14 +144,17 @@ async def walk(
 
 
 async def _batches(
-    store: MetadataStore, tree: LedgerTree, page_size: int
+    store: MetadataStore, tree: LedgerTree, page_size: int, within: Subtree | None
 ) -> AsyncIterator[tuple[list[tuple[LedgerId, str]], list[str]]]:
-    """The leaves of `tree` in order, `page_size` at a time, with the strays met meanwhile."""
+    """The leaves of `tree` (or of `within`) in order, `page_size` at a time, with the strays
+    met meanwhile."""
     pending: list[tuple[LedgerId, str]] = []
     strays: list[str] = []
-    for hierarchy in tree.hierarchies:
-        names = await _children(store, hierarchy.root)
-        async for leaves, stray in _descend(store, hierarchy, hierarchy.root, "", 0, names):
+    for part in WHOLE_TREES if within is None else (within,):
+        hierarchy, path = part.hierarchy(tree), part.path(tree)
+        names = await _children(store, path)
+        digits, level = "".join(part.names), len(part.names)
+        async for leaves, stray in _descend(store, hierarchy, path, digits, level, names):
             pending.extend(leaves)
             strays.extend(stray)
             while len(pending) >= page_size:

@@ -17,7 +17,7 @@ from tally.core.errors import MalformedData, MetadataVersionConflict, NoSuchKey
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import Deletion
 from tally.metadata import json_records
-from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, prune_parents, walk
+from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, Subtree, prune_parents, walk
 from tally.metadata.paths import TOMBSTONE_RECORDS
 from tally.metadata.store import MetadataStore, Versioned
 
@@ -109,10 +109,10 @@ class TombstonePage:
 
 
 async def tombstone_pages(
-    store: MetadataStore, page_size: int = DEFAULT_PAGE_SIZE
+    store: MetadataStore, page_size: int = DEFAULT_PAGE_SIZE, within: Subtree | None = None
 ) -> AsyncIterator[TombstonePage]:
-    """Every tombstone, in ledger id order, a page at a time."""
-    async for page in walk(store, TOMBSTONE_RECORDS, page_size):
+    """Every tombstone (in the subtree `within`), in ledger id order, a page at a time."""
+    async for page in walk(store, TOMBSTONE_RECORDS, page_size, within):
         found: list[TombstoneRecord] = []
         unreadable = [
             (path, MalformedData(f"{path} is in the tombstone tree but names no ledger"))

@@ -39,7 +39,13 @@ from tally.core.ids import LedgerId
 from tally.core.replication import entry_ranges
 from tally.metadata import json_records
 from tally.metadata.key_ops import Watcher, delete_if_present, put, watch_value
-from tally.metadata.ledger_tree import DEFAULT_PAGE_SIZE, create_with_parents, prune_parents, walk
+from tally.metadata.ledger_tree import (
+    DEFAULT_PAGE_SIZE,
+    Subtree,
+    create_with_parents,
+    prune_parents,
+    walk,
+)
 from tally.metadata.paths import (
     AUDIT_REQUEST,
     LAST_MARKED,
@@ -313,10 +319,12 @@ class UnderReplicationManager:
         missing_bookie: str | None = None,
         marked_before_ms: int | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
+        within: Subtree | None = None,
     ) -> AsyncIterator[UnderReplicatedLedger]:
-        """Marked ledgers in id order; only those missing `missing_bookie`, or first marked
-        before `marked_before_ms`, when given. Unreadable marks are logged and skipped."""
-        async for page in walk(self.store, UNDER_REPLICATION_MARKS, page_size):
+        """Marked ledgers (in the subtree `within`) in id order; only those missing
+        `missing_bookie`, or first marked before `marked_before_ms`, when given. Unreadable
+        marks are logged and skipped."""
+        async for page in walk(self.store, UNDER_REPLICATION_MARKS, page_size, within):
             for stray in page.strays:
                 log.error("%s is among the under-replication marks but names no ledger", stray)
             for ledger_id, _, found in page.ledgers:
