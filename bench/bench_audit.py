@@ -11,7 +11,11 @@ Promises of the audit issue, each beside its physical reference from the same ru
   of a batch), for healthy ledgers of 10 to 10^7 entries: flat, since both work on sequence
   groups, never on entries.
 
-    python bench/bench_audit.py [--ledgers 100000,1000000] [--master local[2]] [--dir DIR]
+    python bench/bench_audit.py [--ledgers 100000,1000000] [--master local[2],standalone]
+        [--dir DIR]
+
+`--master standalone` starts a local standalone cluster (a master, two workers of one core)
+and measures the same on it, with executors that do not have tally installed.
 
 The goal of the issue is 10M ledgers end to end in under 10 minutes on a 2-core machine:
 `--ledgers 10000000` measures it (about 1.3 GB of snapshot under DIR, and ~15 minutes with
@@ -21,8 +25,10 @@ the floor). `main()` returns the figures as a dict for other tools.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -249,43 +255,33 @@ def _batch(
 # -- the run ---------------------------------------------------------------------------------
 
 
+STANDALONE = "standalone"
+"""The master name that starts a local standalone cluster: a master and two workers of one
+core, started from PySpark's jars, whose executors (2 GiB each, as local[2]'s 4 GiB driver
+holds two cores) run `python3` of an image without tally (tests/support/spark_standalone)."""
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ledgers", default="100000,1000000", help="comma-separated sizes")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help=f"comma-separated masters, each measured in turn; {STANDALONE!r} starts one",
+    )
     parser.add_argument("--dir", type=Path, help="where snapshots go (default: a temp dir)")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.ledgers.split(",")]
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-audit-"))
     figures: dict[str, float] = {}
-    spark = spark_session(args.master)
     try:
-        warm = _snapshot(root, 20_000)
-        audit_seconds(spark, warm, root / "out-warm")
-        floor_seconds(spark, warm)
-        print(f"run_audit on {args.master} (synthetic, {BOOKIES} bookies, {RACKS} racks)")
-        print("  ledgers      audit s  ledgers/s   floor s  ledgers/s  audit/floor  rows")
-        for size in sizes:
-            snapshot = _snapshot(root, size)
-            floor, rows = floor_seconds(spark, snapshot)
-            seconds = audit_seconds(spark, snapshot, root / f"out-{size}")
-            figures[f"audit_{size}_s"] = seconds
-            figures[f"audit_{size}_ledgers_per_s"] = size / seconds
-            figures[f"floor_{size}_s"] = floor
-            print(
-                f"  {size:>10,}  {seconds:7.1f}  {size / seconds:9,.0f}  {floor:8.1f}"
-                f"  {size / floor:9,.0f}  {seconds / floor:11.2f}  {rows:,}"
-            )
-            if size != sizes[-1]:
-                shutil.rmtree(root / f"out-{size}", ignore_errors=True)
+        for master in args.master.split(","):
+            with _session(master, root) as spark:
+                figures |= _measure(spark, master, root, sizes)
         rate = online_rate(_snapshot(root, sizes[0]))
         figures["online_ledgers_per_s"] = rate
         print(f"online replicas check (audit_ledger one ledger at a time, 1 core): {rate:,.0f}/s")
-        if sizes[-1] < 10_000_000:
-            projected = 10_000_000 / figures[f"audit_{sizes[-1]}_ledgers_per_s"]
-            print(f"10M ledgers at the {sizes[-1]:,} rate: {projected / 60:.1f} min (goal < 10)")
     finally:
-        spark.stop()
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     print(f"one healthy ledger (E={ENSEMBLE_SIZE} WQ={WRITE_QUORUM}, 3 segments), best of many")
@@ -299,6 +295,58 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ratio = figures[f"audit_ledger_{large}_us"] / figures[f"audit_ledger_{small}_us"]
     figures["audit_ledger_ratio"] = ratio
     print(f"  ratio {large:,} / {small} entries: {ratio:.2f} (flat is about 1)")
+    return figures
+
+
+@contextlib.contextmanager
+def _session(master: str, root: Path) -> Iterator[SparkSession]:
+    """A Spark session on `master` (a local standalone cluster for STANDALONE), stopped
+    with what it started."""
+    if master != STANDALONE:
+        spark = spark_session(master)
+        try:
+            yield spark
+        finally:
+            spark.stop()
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' launcher
+    from tests.support.spark_standalone import executor_python, standalone_cluster
+
+    where = root / "standalone"
+    shutil.rmtree(where, ignore_errors=True)
+    python_bin = executor_python(where / "executor-image")
+    with standalone_cluster(where / "spark", workers=2, memory="3g", python_bin=python_bin) as c:
+        spark = spark_session(c.master, conf={"spark.executor.memory": "2g"})
+        try:
+            yield spark
+        finally:
+            spark.stop()
+
+
+def _measure(spark: SparkSession, master: str, root: Path, sizes: list[int]) -> dict[str, float]:
+    """The audit and Spark's floor for each size, on `master`; the figures by name."""
+    figures: dict[str, float] = {}
+    warm = _snapshot(root, 20_000)
+    audit_seconds(spark, warm, root / "out-warm")
+    floor_seconds(spark, warm)
+    shutil.rmtree(root / "out-warm", ignore_errors=True)
+    print(f"run_audit on {master} (synthetic, {BOOKIES} bookies, {RACKS} racks)")
+    print("  ledgers      audit s  ledgers/s   floor s  ledgers/s  audit/floor  rows")
+    for size in sizes:
+        snapshot = _snapshot(root, size)
+        floor, rows = floor_seconds(spark, snapshot)
+        seconds = audit_seconds(spark, snapshot, root / f"out-{size}")
+        shutil.rmtree(root / f"out-{size}", ignore_errors=True)
+        figures[f"{master}_audit_{size}_s"] = seconds
+        figures[f"{master}_audit_{size}_ledgers_per_s"] = size / seconds
+        figures[f"{master}_floor_{size}_s"] = floor
+        print(
+            f"  {size:>10,}  {seconds:7.1f}  {size / seconds:9,.0f}  {floor:8.1f}"
+            f"  {size / floor:9,.0f}  {seconds / floor:11.2f}  {rows:,}"
+        )
+    if sizes[-1] < 10_000_000:
+        projected = 10_000_000 / figures[f"{master}_audit_{sizes[-1]}_ledgers_per_s"]
+        print(f"10M ledgers at the {sizes[-1]:,} rate: {projected / 60:.1f} min (goal < 10)")
     return figures
 
 
