@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ def write_snapshot(
     *,
     tombstones: list[dict[str, Any]] | None = None,
     settings: dict[str, Any] | None = None,
+    unreadable: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """The snapshot of `cases`, `strays` (bookie, scope, ledger id, entries held) and
     `tombstones` (rows; those of TOMBSTONES by default), taken at `created_ms` when the
@@ -204,6 +206,7 @@ def write_snapshot(
         (schema.BOOKIES, BOOKIE_ROWS, schema.BOOKIES_SCHEMA),
         (schema.AVAILABILITY, availability, schema.AVAILABILITY_SCHEMA),
         (schema.TOMBSTONES, tombstones, schema.TOMBSTONES_SCHEMA),
+        (schema.UNREADABLE, list(unreadable), schema.UNREADABLE_SCHEMA),
     ):
         (root / name).mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(rows, table_schema), root / name / "part-0.parquet")
@@ -316,6 +319,42 @@ def test_details_name_the_evidence(audited: tuple[Path, dict[str, Any]]) -> None
     assert details[None, "unresponsive_registered_bookie", "b6"] == (
         "bookie b6 (rack /r0) is registered writable but did not answer the availability dump"
     )
+
+
+def test_a_record_the_store_cannot_decode_is_invalid_metadata_and_its_data_no_orphan(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Metadata that is there but unreadable never makes its ledger's data orphan."""
+    unreadable = [
+        {"scope": 0, "ledger_id": 31, "record": "ledger", "path": "/ledgers/x", "error": "bad"},
+        {"scope": 0, "ledger_id": 32, "record": "tombstone", "path": "/t/y", "error": "worse"},
+    ]
+    snapshot = write_snapshot(
+        tmp_path / "snap",
+        [],
+        [("b0", 0, 31, [0, 1]), ("b1", 0, 32, [0]), ("b2", 0, 33, [0])],
+        tombstones=[],
+        unreadable=unreadable,
+    )
+    out = tmp_path / "out"
+    summary = run_audit(spark, snapshot, out, grace_period_ms=HOUR, min_racks=2)
+    assert _rows(out) == {
+        ("invalid_metadata", 0, 31, None, None, None),
+        ("invalid_metadata", 0, 32, None, None, None),
+        ("orphan_data", 0, 33, None, "b2", 1),
+        ("unresponsive_registered_bookie", None, None, None, "b6", None),
+    }
+    assert summary["categories"]["invalid_metadata"] == 2
+    details = {
+        r["ledger_id"]: r["detail"]
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+        if r["category"] == "invalid_metadata"
+    }
+    assert details[31] == (
+        "the snapshot's rows of ledger 31 make no valid ledger, so it is not judged: the "
+        "store's ledger at /ledgers/x does not decode: bad"
+    )
+    assert details[32].endswith("the store's tombstone at /t/y does not decode: worse")
 
 
 def test_violations_have_the_contract_schema(audited: tuple[Path, dict[str, Any]]) -> None:
@@ -459,6 +498,22 @@ def test_a_snapshot_of_another_format_is_refused_before_spark_starts(
     expected = f"has format 1, and this tally reads format {schema.FORMAT_VERSION}: take a new"
     with pytest.raises(BadRequest, match=expected):
         schema.require_snapshot(old)
+
+
+def test_a_format_3_snapshot_is_refused_by_the_audit_and_read_by_a_recovery(
+    handmade: Path, tmp_path: Path
+) -> None:
+    """A metadata recovery starts from an older snapshot, by nature taken before format 4."""
+    old = tmp_path / "old"
+    shutil.copytree(handmade, old)
+    (old / schema.SNAPSHOT_JSON).write_text(json.dumps({"created_ms": NOW, "format_version": 3}))
+    shutil.rmtree(old / schema.UNREADABLE)
+    with pytest.raises(BadRequest, match="has format 3, and this tally reads format 4: take"):
+        schema.require_snapshot(old)
+    schema.require_snapshot(old, formats=(3, 4))
+    shutil.rmtree(old / schema.TOMBSTONES)
+    with pytest.raises(BadRequest, match="no tombstones in it"):
+        schema.require_snapshot(old, formats=(3, 4))
 
 
 def test_a_tombstone_row_with_a_field_missing_makes_no_tombstone() -> None:

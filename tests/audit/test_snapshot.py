@@ -36,10 +36,11 @@ from tally.core.schedule import expected_entries
 from tally.metadata.bookie_registry import BookieInfo, BookiePlacement, BookieRegistry
 from tally.metadata.cluster import read_cluster
 from tally.metadata.cluster_settings import read_settings, write_settings
+from tally.metadata.paths import LEDGER_METADATA, TOMBSTONE_RECORDS
 from tally.metadata.stores import open_store
 from tally.metadata.tombstones import tombstone_pages
 from tally.metadata.underreplication import UnderReplicationManager
-from tests.support.cluster import Cluster, eventually_writable, running_cluster
+from tests.support.cluster import Cluster, eventually_writable, running_cluster, store_session
 from tests.support.processes import environment, free_port
 
 BOOKIES = 3
@@ -390,6 +391,42 @@ def test_the_dump_agrees_with_get_list_of_entries(
                 await connection.close()
 
     asyncio.run(ask())
+
+
+def test_records_the_store_cannot_decode_are_rows_of_unreadable(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path
+) -> None:
+    """Metadata there but unreadable is written down with its ledger, never dropped: the
+    audit must not take that ledger's data for orphan data."""
+    broken_ledger, broken_tombstone = LedgerId.classic(900_001), LedgerId(5, 900_002)
+    paths = [LEDGER_METADATA.path(broken_ledger), TOMBSTONE_RECORDS.path(broken_tombstone)]
+
+    async def damage() -> None:
+        async with store_session(cluster.uri) as store:
+            for path in paths:
+                await store.create(path, b"\xff not a record", make_parents=True)
+
+    async def repair() -> None:
+        async with store_session(cluster.uri) as store:
+            for path in paths:
+                await store.delete(path)
+
+    asyncio.run(damage())
+    try:
+        summary = asyncio.run(take_snapshot(cluster.uri, tmp_path / "snap"))
+    finally:
+        asyncio.run(repair())
+    rows = {
+        (row["scope"], row["ledger_id"], row["record"], row["path"])
+        for row in _rows(tmp_path / "snap", schema.UNREADABLE)
+    }
+    assert rows == {
+        (0, 900_001, "ledger", paths[0]),
+        (5, 900_002, "tombstone", paths[1]),
+    }
+    assert summary["counts"]["unreadable_ledgers"] == 1
+    assert summary["counts"]["unreadable_tombstones"] == 1
+    assert summary["counts"]["ledgers"] == len(written)
 
 
 def _sorted_rows(out: Path, name: str) -> list[tuple[Any, ...]]:

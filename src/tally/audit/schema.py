@@ -2,7 +2,8 @@
 
 Other tools and synthetic generators write snapshots too, so the column names, types and
 meanings here change only with `FORMAT_VERSION`. A snapshot directory holds one Parquet
-dataset per table (`ledgers/`, `segments/`, `bookies/`, `availability/`, `tombstones/`) and
+dataset per table (`ledgers/`, `segments/`, `bookies/`, `availability/`, `tombstones/`,
+`unreadable/`) and
 `snapshot.json`, which records the cluster settings the checks apply (`cluster_settings`:
 `ClusterSettings.to_dict()`, `deletion_stuck_after` among them). Ledger ids are two
 unsigned 64-bit halves; Parquet has no unsigned 64-bit type that Spark reads, so each half
@@ -21,20 +22,22 @@ import pyarrow as pa
 from tally.core.errors import BadRequest
 from tally.core.ids import UINT64_MAX
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """2: DELETED ledgers with their archival bit and deletion time, tombstones/, and the
-cluster settings in snapshot.json. 3: each ledger's metadata as the store keeps it."""
+cluster settings in snapshot.json. 3: each ledger's metadata as the store keeps it. 4:
+unreadable/, the store's ledger and tombstone records that do not decode."""
 
 LEDGERS = "ledgers"
 SEGMENTS = "segments"
 BOOKIES = "bookies"
 AVAILABILITY = "availability"
 TOMBSTONES = "tombstones"
+UNREADABLE = "unreadable"
 SNAPSHOT_JSON = "snapshot.json"
 CLUSTER_SETTINGS = "cluster_settings"
 """snapshot.json's key for the cluster settings when the snapshot was taken."""
 TRUTH_JSON = "truth.json"
-SNAPSHOT_TABLES = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY, TOMBSTONES)
+SNAPSHOT_TABLES = (LEDGERS, SEGMENTS, BOOKIES, AVAILABILITY, TOMBSTONES, UNREADABLE)
 SNAPSHOT_PARTS = (*SNAPSHOT_TABLES, SNAPSHOT_JSON)
 """What a snapshot directory holds."""
 
@@ -128,6 +131,20 @@ was written, the ledger's end, and the bookies it names with, at the same index,
 acknowledged dropping the ledger's data (null until it has). Data of a tombstoned ledger is
 not orphan: its bookies drop it at their next garbage collection, or it is deletion_stuck."""
 
+UNREADABLE_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.int64(), nullable=False),
+        pa.field("ledger_id", pa.int64(), nullable=False),
+        pa.field("record", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("error", pa.string(), nullable=False),
+    ]
+)
+"""One row per record of the store, under a ledger's key, that does not decode: record is
+"ledger" (its metadata) or "tombstone", path the key, error why. Its ledger is reported
+invalid_metadata, and the data its bookies hold of it is neither judged nor orphan: the
+metadata is there, only unreadable. (A key that names no ledger is only counted.)"""
+
 VIOLATIONS_SCHEMA = pa.schema(
     [
         pa.field("scope", pa.int64(), nullable=True),
@@ -166,20 +183,23 @@ class BookieState(enum.Enum):
     UNREGISTERED = "unregistered"
 
 
-def require_snapshot(path: Path) -> None:
-    """BadRequest unless `path` holds a snapshot's tables in this format (as far as its
-    snapshot.json says): cheap to ask before Spark starts."""
+def require_snapshot(path: Path, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> None:
+    """BadRequest unless `path` holds a snapshot's tables in one of `formats` (as far as its
+    snapshot.json says): cheap to ask before Spark starts. A format-3 snapshot has no
+    unreadable/ (a metadata recovery reads one: the store it was taken of is gone)."""
     how = (
         f"with `tally audit snapshot --metadata URI --out {path}` (or `tally audit synth` for "
         "a synthetic one)"
     )
     recorded = _recorded_format(path)
-    if recorded is not None and recorded != FORMAT_VERSION:
+    if recorded is not None and recorded not in formats:
+        readable = " or ".join(str(number) for number in formats)
         raise BadRequest(
             f"the audit snapshot at {path} has format {recorded}, and this tally reads format "
-            f"{FORMAT_VERSION}: take a new one {how}"
+            f"{readable}: take a new one {how}"
         )
-    missing = [table for table in SNAPSHOT_TABLES if not (path / table).is_dir()]
+    tables = [table for table in SNAPSHOT_TABLES if recorded != 3 or table != UNREADABLE]
+    missing = [table for table in tables if not (path / table).is_dir()]
     if missing:
         found = "no such directory" if not path.is_dir() else f"no {', '.join(missing)} in it"
         raise BadRequest(f"no audit snapshot at {path} ({found}): take one {how}")

@@ -52,6 +52,7 @@ from tally.metadata.cluster import require_cluster
 from tally.metadata.cluster_settings import read_settings
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.ledger_tree import Subtree
+from tally.metadata.paths import TOMBSTONE_RECORDS
 from tally.metadata.store import MetadataStore
 from tally.metadata.stores import open_store
 from tally.metadata.tombstones import tombstone_pages
@@ -75,6 +76,7 @@ _DICTIONARY_COLUMNS = {
     schema.BOOKIES: ["rack", "state"],
     schema.AVAILABILITY: ["bookie_id"],
     schema.TOMBSTONES: ["reason", "bookies"],
+    schema.UNREADABLE: ["record"],
     schema.VIOLATIONS: ["category", "bookie_id"],
 }
 """Columns with few distinct values; ids and encodings gain nothing from a dictionary."""
@@ -278,10 +280,14 @@ async def export_metadata_range(
         mark.ledger_id: mark.first_marked_ms
         async for mark in UnderReplicationManager(store).list_under_replicated(within=within)
     }
+    bad = _part(out, schema.UNREADABLE, schema.UNREADABLE_SCHEMA, number)
     named, ledgers, segments, unreadable = await _export_ledgers(
-        LedgerManager(store), marks, out, number, within, report
+        LedgerManager(store), marks, out, number, within, bad, report
     )
-    tombstones, unreadable_tombstones = await _export_tombstones(store, out, number, within, report)
+    tombstones, unreadable_tombstones = await _export_tombstones(
+        store, out, number, within, bad, report
+    )
+    bad.close()
     return MetadataPart(
         ledgers, segments, unreadable, tombstones, unreadable_tombstones, len(marks), named
     )
@@ -372,10 +378,12 @@ async def _export_ledgers(
     out: Path,
     number: int,
     within: Subtree | None,
+    bad: DatasetWriter,
     report: Progress,
 ) -> tuple[frozenset[str], int, int, int]:
-    """Write part `number` of ledgers/ and segments/; (bookies named by any ensemble,
-    ledgers, segments, ledgers whose metadata does not decode)."""
+    """Write part `number` of ledgers/ and segments/, and to `bad` the metadata that does not
+    decode; (bookies named by any ensemble, ledgers, segments, ledgers whose metadata does
+    not decode)."""
     ledgers = _part(out, schema.LEDGERS, schema.LEDGERS_SCHEMA, number)
     segments = _part(out, schema.SEGMENTS, schema.SEGMENTS_SCHEMA, number)
     named: set[str] = set()
@@ -383,8 +391,7 @@ async def _export_ledgers(
     ledger_rows = empty_rows(schema.LEDGERS_SCHEMA)
     segment_rows = empty_rows(schema.SEGMENTS_SCHEMA)
     async for page in manager.ledger_pages(LEDGER_PAGE, within):
-        for bad in page.unreadable:
-            log.error("snapshot: %s: %s", bad.path, bad.error)
+        _write_unreadable(bad, "ledger", [(u.ledger_id, u.path, u.error) for u in page.unreadable])
         unreadable += len(page.unreadable)
         for record in page.ledgers:
             _ledger_rows(record, marks.get(record.ledger_id), ledger_rows, segment_rows, named)
@@ -447,15 +454,50 @@ def _ledger_rows(
         named.update(segment.ensemble)
 
 
+def _write_unreadable(
+    bad: DatasetWriter, record: str, found: Iterable[tuple[LedgerId | None, str, Exception]]
+) -> None:
+    """Log each record that does not decode, and write a row of those under a ledger's key
+    (a key that names no ledger is only logged and counted)."""
+    rows = empty_rows(schema.UNREADABLE_SCHEMA)
+    for ledger_id, path, error in found:
+        log.error("snapshot: %s: %s", path, error)
+        if ledger_id is None:
+            continue
+        for name, value in (
+            ("scope", schema.to_int64(ledger_id.scope)),
+            ("ledger_id", schema.to_int64(ledger_id.id)),
+            ("record", record),
+            ("path", path),
+            ("error", str(error)),
+        ):
+            rows[name].append(value)
+    bad.write_rows(rows)
+
+
+def _tombstone_key(path: str) -> LedgerId | None:
+    try:
+        return TOMBSTONE_RECORDS.ledger_id(path)
+    except BadRequest:
+        return None
+
+
 async def _export_tombstones(
-    store: MetadataStore, out: Path, number: int, within: Subtree | None, report: Progress
+    store: MetadataStore,
+    out: Path,
+    number: int,
+    within: Subtree | None,
+    bad: DatasetWriter,
+    report: Progress,
 ) -> tuple[int, int]:
-    """Write part `number` of tombstones/; (tombstones, tombstones that do not decode)."""
+    """Write part `number` of tombstones/, and to `bad` the tombstones that do not decode;
+    (tombstones, tombstones that do not decode)."""
     writer = _part(out, schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA, number)
     unreadable = 0
     async for page in tombstone_pages(store, LEDGER_PAGE, within):
-        for path, error in page.unreadable:
-            log.error("snapshot: %s: %s", path, error)
+        _write_unreadable(
+            bad, "tombstone", [(_tombstone_key(path), path, e) for path, e in page.unreadable]
+        )
         unreadable += len(page.unreadable)
         rows = empty_rows(schema.TOMBSTONES_SCHEMA)
         for found in page.tombstones:

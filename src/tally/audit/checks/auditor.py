@@ -5,7 +5,9 @@ only the others are decoded and given to `audit_ledger`, the check the online au
 
 A ledger with a tombstone is deleted: whatever other rows it has, only the data its bookies
 still hold is judged, by `deletion_stuck`. A ledger with neither metadata nor tombstone is
-orphan data; a DELETED one, which keeps its data on purpose, is judged on nothing."""
+orphan data; a DELETED one, which keeps its data on purpose, is judged on nothing; one whose
+metadata or tombstone the store holds but cannot decode is invalid_metadata, its data
+neither judged nor orphan."""
 
 from __future__ import annotations
 
@@ -42,10 +44,12 @@ from tally.core.ledger_audit import (
 from tally.core.ledger_metadata import Segment
 from tally.core.placement import DEFAULT_RACK, racks_in_cluster
 
-PART_TOMBSTONE, PART_LEDGER, PART_AVAILABILITY = -2, -1, 2**31 - 1
-"""`part` of a tombstone row, a ledger row and an availability row; a segment row's is its
-index. A ledger's tombstone row comes first, so that it wins over a ledger row of the same
-ledger (one tombstoned while the snapshot walked the store)."""
+PART_UNREADABLE, PART_TOMBSTONE, PART_LEDGER, PART_AVAILABILITY = -3, -2, -1, 2**31 - 1
+"""`part` of an unreadable record's row, a tombstone row, a ledger row and an availability
+row; a segment row's is its index. An unreadable record comes first: whatever else the
+ledger has, its metadata cannot be read whole. A ledger's tombstone row comes next, so that
+it wins over a ledger row of the same ledger (one tombstoned while the snapshot walked the
+store)."""
 
 FINDINGS_SCHEMA = schema.VIOLATIONS_SCHEMA.append(pa.field("byte_count", pa.int64()))
 """What the pass yields: violation rows and over_replicated rows, split when written."""
@@ -130,6 +134,7 @@ class LedgerAuditor:
         part = table.column("part").to_numpy()
         known = part[first_rows] == PART_LEDGER
         tombstoned = part[first_rows] == PART_TOMBSTONE
+        unreadable = part[first_rows] == PART_UNREADABLE
         held = part[starts[1:] - 1] == PART_AVAILABILITY  # availability rows come last
         last = table.column("last_entry_id").fill_null(-1).to_numpy()[first_rows]
         marked = table.column("underreplicated_since_ms").is_valid().to_numpy()[first_rows]
@@ -152,7 +157,9 @@ class LedgerAuditor:
             values = {name: picked.column(name).to_pylist() for name in picked.column_names}
             bounds = itertools.pairwise(ledger_starts(picked).tolist())
             for ledger, (begin, end) in zip(np.flatnonzero(closer).tolist(), bounds, strict=True):
-                if silent[ledger]:
+                if unreadable[ledger]:
+                    self._unreadable(found, values, begin)
+                elif silent[ledger]:
                     self._silent(found, values, begin, end)
                 elif known[ledger]:
                     self._ledger(found, values, begin, end)
@@ -224,6 +231,15 @@ class LedgerAuditor:
                 continue
             found.add(scope, ledger_id, orphan(bookie, held, f"{held} entries of {name}"))
 
+    def _unreadable(self, found: _Rows, values: Mapping[str, list[Any]], begin: int) -> None:
+        """A ledger whose record the store cannot decode: one finding, and its data is not
+        called orphan (its metadata is there, unread)."""
+        scope, ledger_id = values["scope"][begin], values["ledger_id"][begin]
+        record = json.loads(values["record"][begin])
+        what, path, why = record["record"], record["path"], record["error"]
+        error = BadRequest(f"the store's {what} at {path} does not decode: {why}")
+        found.add(scope, ledger_id, invalid_metadata(scope, ledger_id, error, what))
+
     def _tombstoned(
         self, found: _Rows, values: Mapping[str, list[Any]], begin: int, end: int
     ) -> None:
@@ -231,7 +247,7 @@ class LedgerAuditor:
         the tombstone is old enough. A report that does not decode tells nothing."""
         scope, ledger_id = values["scope"][begin], values["ledger_id"][begin]
         try:
-            tombstone = tombstone_of(json.loads(values["tombstone"][begin]))
+            tombstone = tombstone_of(json.loads(values["record"][begin]))
         except BadRequest as exc:
             found.add(scope, ledger_id, invalid_metadata(scope, ledger_id, exc, "tombstone"))
             return

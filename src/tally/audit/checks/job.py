@@ -20,6 +20,7 @@ from tally.audit.checks.auditor import (
     PART_AVAILABILITY,
     PART_LEDGER,
     PART_TOMBSTONE,
+    PART_UNREADABLE,
     BookiesView,
     LedgerAuditor,
 )
@@ -143,19 +144,20 @@ def _audited(ledgers: DataFrame) -> Column:
 def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     """What the audit's one Python pass reads: per ledger, a ledger row (last_entry_id -1
     unless it is audited; its length, for the bytes of extra copies), its segment rows, its
-    tombstone row (the tombstones table's row but its ledger id, as JSON text in one column,
-    `tombstone`: as a struct column, null in every other row, it makes Spark's Arrow
+    tombstone row and its unreadable rows (the table's row but its ledger id, as JSON text in
+    one column, `record`: as a struct column, null in every other row, it makes Spark's Arrow
     transfer of all rows to the pass far slower) and its availability rows, co-located and
     sorted.
 
-    `part` orders a ledger's rows: the tombstone row, the ledger row, its segments by index,
-    then the availability rows. The sort leads with ledger_id so that Spark's sort prefix
-    (the first key) tells rows apart.
+    `part` orders a ledger's rows: unreadable records, the tombstone row, the ledger row, its
+    segments by index, then the availability rows. The sort leads with ledger_id so that
+    Spark's sort prefix (the first key) tells rows apart.
     """
     ledgers = _read(spark, snapshot, schema.LEDGERS)
     segments = _read(spark, snapshot, schema.SEGMENTS)
     availability = _read(spark, snapshot, schema.AVAILABILITY)
     tombstones = _read(spark, snapshot, schema.TOMBSTONES)
+    unreadable = _read(spark, snapshot, schema.UNREADABLE)
     # The stream's columns after scope, ledger_id and part, with their types.
     columns = {
         "ensemble_size": "int",
@@ -168,7 +170,7 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
         "ensemble": "array<string>",
         "bookie_id": "string",
         "availability": "binary",
-        "tombstone": "string",
+        "record": "string",
     }
 
     def stream_rows(frame: DataFrame, part: Column, *kept: str, **made: Column) -> DataFrame:
@@ -200,20 +202,30 @@ def combined_stream(spark: SparkSession, snapshot: Path) -> DataFrame:
     )
     segment_rows = stream_rows(segments, F.col("segment_index"), "first_entry_id", "ensemble")
     tombstone_rows = stream_rows(
-        tombstones, F.lit(PART_TOMBSTONE), tombstone=F.to_json(F.struct(*TOMBSTONE_FIELDS))
+        tombstones, F.lit(PART_TOMBSTONE), record=F.to_json(F.struct(*TOMBSTONE_FIELDS))
+    )
+    unreadable_rows = stream_rows(
+        unreadable, F.lit(PART_UNREADABLE), record=F.to_json(F.struct("record", "path", "error"))
     )
     availability_rows = stream_rows(
         availability, F.lit(PART_AVAILABILITY), "bookie_id", "availability"
     )
     rows = sum(
         ds.dataset(snapshot / name, format="parquet").count_rows()
-        for name in (schema.LEDGERS, schema.SEGMENTS, schema.AVAILABILITY, schema.TOMBSTONES)
+        for name in (
+            schema.LEDGERS,
+            schema.SEGMENTS,
+            schema.AVAILABILITY,
+            schema.TOMBSTONES,
+            schema.UNREADABLE,
+        )
     )
     cores = spark.sparkContext.defaultParallelism
     partitions = cores * max(1, math.ceil(rows / ROWS_PER_PARTITION / cores))
     return (
         ledger_rows.unionByName(segment_rows)
         .unionByName(tombstone_rows)
+        .unionByName(unreadable_rows)
         .unionByName(availability_rows)
         .repartition(partitions, "ledger_id", "scope")
         .sortWithinPartitions("ledger_id", "scope", "part")

@@ -95,8 +95,9 @@ def read_cookies(exports: Path) -> dict[str, Cookie]:
 
 def read_snapshot(snapshot: Path, instance_id: str) -> dict[str, Any]:
     """The snapshot's snapshot.json, once it is known to be of the bookies' cluster and to
-    hold every ledger's metadata (no Spark needed)."""
-    schema.require_snapshot(snapshot)
+    hold every ledger's metadata (no Spark needed). Format 3 is read too: its ledgers and
+    tombstones are those of format 4."""
+    schema.require_snapshot(snapshot, formats=(3, schema.FORMAT_VERSION))
     taken = json.loads((snapshot / schema.SNAPSHOT_JSON).read_text())
     recorded = taken.get("cluster", {}).get("instance_id")
     if recorded != instance_id:

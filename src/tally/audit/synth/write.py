@@ -80,6 +80,7 @@ def synthesize(
             (schema.SEGMENTS, schema.SEGMENTS_SCHEMA),
             (schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA),
             (schema.TOMBSTONES, schema.TOMBSTONES_SCHEMA),
+            (schema.UNREADABLE, schema.UNREADABLE_SCHEMA),
         )
     }
     truth: dict[str, list[str]] = {category.value: [] for category in Category}
