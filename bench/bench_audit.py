@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ def online_rate(snapshot: Path, sample: int = ONLINE_SAMPLE) -> float:
 
 
 def _metadata(
-    e: int, wq: int, aq: int, last: int, segments: list[tuple[int, tuple[str, ...]]]
+    e: int, wq: int, aq: int, last: int, segments: Sequence[tuple[int, tuple[str, ...]]]
 ) -> LedgerMetadata:
     return LedgerMetadata(
         state=LedgerState.CLOSED,

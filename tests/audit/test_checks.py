@@ -229,6 +229,15 @@ def _rows(out: Path) -> set[tuple[Any, ...]]:
     }  # fmt: skip
 
 
+def _invalid_details(out: Path) -> dict[int, str]:
+    """The details of the run's invalid_metadata rows, by ledger id."""
+    return {
+        r["ledger_id"]: r["detail"]
+        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
+        if r["category"] == "invalid_metadata"
+    }
+
+
 def _extra_rows(out: Path) -> set[tuple[Any, ...]]:
     return {
         (r["scope"], r["ledger_id"], r["segment_index"], r["bookie_id"], r["entries"], r["bytes"])
@@ -345,11 +354,7 @@ def test_a_record_the_store_cannot_decode_is_invalid_metadata_and_its_data_no_or
         ("unresponsive_registered_bookie", None, None, None, "b6", None),
     }
     assert summary["categories"]["invalid_metadata"] == 2
-    details = {
-        r["ledger_id"]: r["detail"]
-        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
-        if r["category"] == "invalid_metadata"
-    }
+    details = _invalid_details(out)
     assert details[31] == (
         "the snapshot's rows of ledger 31 make no valid ledger, so it is not judged: the "
         "store's ledger at /ledgers/x does not decode: bad"
@@ -471,11 +476,7 @@ def test_rows_that_make_no_valid_ledger_are_invalid_metadata_and_the_job_goes_on
     assert _rows(out) == _rows(before) | invalid
     assert _extra_rows(out) == _extra_rows(before)
     assert summary["categories"] == before_summary["categories"] | {"invalid_metadata": 4}
-    details = {
-        r["ledger_id"]: r["detail"]
-        for r in pq.read_table(out / schema.VIOLATIONS).to_pylist()
-        if r["category"] == "invalid_metadata"
-    }
+    details = _invalid_details(out)
     assert details[15] == (
         "the snapshot's rows of ledger 15 make no valid ledger, so it is not judged: the "
         "first segment starts at entry 1, not 0"

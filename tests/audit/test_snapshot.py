@@ -42,6 +42,7 @@ from tally.metadata.tombstones import tombstone_pages
 from tally.metadata.underreplication import UnderReplicationManager
 from tests.support.cluster import Cluster, eventually_writable, running_cluster, store_session
 from tests.support.processes import environment, free_port
+from tests.support.processes import tally as run_tally
 
 BOOKIES = 3
 CONFIG = tally.ClientConfig(explicit_lac_interval=0)
@@ -427,6 +428,33 @@ def test_records_the_store_cannot_decode_are_rows_of_unreadable(
     assert summary["counts"]["unreadable_ledgers"] == 1
     assert summary["counts"]["unreadable_tombstones"] == 1
     assert summary["counts"]["ledgers"] == len(written)
+
+
+@pytest.mark.parametrize("spark_from", [None, 1])
+def test_the_command_takes_a_large_cluster_s_snapshot_on_spark(
+    cluster: Cluster, written: dict[LedgerId, int], tmp_path: Path, spark_from: int | None
+) -> None:
+    """Without --master: in one process below spark_snapshot_from ledger ids handed out,
+    as a Spark job on spark_master from it on; the same snapshot either way."""
+    variables = {"TALLY_AUDIT_SPARK_MASTER": "local[2]"}
+    if spark_from is not None:
+        variables["TALLY_AUDIT_SPARK_SNAPSHOT_FROM"] = str(spark_from)
+    with environment(variables):
+        taken = run_tally(
+            "audit",
+            "snapshot",
+            "--metadata",
+            cluster.uri,
+            "--out",
+            str(tmp_path / "s"),
+            timeout=180,
+        )
+    assert taken.returncode == 0, taken.stderr
+    on_spark = "taking the snapshot as a Spark job on local[2]" in taken.stderr
+    assert on_spark == (spark_from is not None), taken.stderr
+    by_command = json.loads((tmp_path / "s" / schema.SNAPSHOT_JSON).read_text())
+    alone = asyncio.run(take_snapshot(cluster.uri, tmp_path / "alone"))
+    assert by_command["counts"] == alone["counts"]
 
 
 def _sorted_rows(out: Path, name: str) -> list[tuple[Any, ...]]:

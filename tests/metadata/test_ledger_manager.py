@@ -328,6 +328,20 @@ async def test_subtrees_split_the_ids_of_every_tree_once(backend: Backend, wante
         assert met == [stray]
 
 
+async def test_ids_allocated_counts_the_ids_handed_out_in_every_bucket(backend: Backend) -> None:
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = LedgerManager(store)
+        assert await manager.ids_allocated() == 0
+        for _ in range(5):
+            await manager.generate_ledger_id()
+        await manager.generate_ledger_id(scoped=True)  # not of the sequence
+        assert await manager.ids_allocated() == 5
+        await manager.skip_ids_through(10**10)  # a metadata recovery's ledgers put back
+        await manager.generate_ledger_id()
+        assert await manager.ids_allocated() == 6
+
+
 async def test_iterating_an_empty_cluster_gives_nothing(backend: Backend) -> None:
     async with backend.open() as store:
         await init_cluster(store)

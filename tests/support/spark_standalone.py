@@ -104,7 +104,7 @@ class StandaloneCluster:
         while self.alive_workers() < self.workers:
             for process in self.processes:
                 if process.poll() is not None:
-                    raise RuntimeError(f"a Spark daemon exited: {process.args}\n{self.logs()}")
+                    raise RuntimeError(f"a Spark daemon exited: {process.args!r}\n{self.logs()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{self.workers} workers not alive in {timeout} s\n{self.logs()}"

@@ -32,6 +32,9 @@ class AuditConfig:
     spark_conf: tuple[str, ...] = ()
     """Any Spark settings, as KEY=VALUE (`--conf`), applied after tally's own: executor
     memory and cores, `spark.pyspark.python` for the executors' interpreter, ..."""
+    spark_snapshot_from: int = 500_000
+    """Ledger ids handed out from which `tally audit snapshot` without --master runs as a
+    Spark job on spark_master (below, in one process; docs/benchmarks.md has why)."""
     snapshot_session_timeout: float = 30.0
     """Seconds of the snapshot's metadata session (a long walk of the ledgers)."""
     snapshot_bookie_timeout: float = 30.0
@@ -44,6 +47,7 @@ class AuditConfig:
             "min_num_racks_per_write_quorum",
             "must be at least 1",
         )
+        check(self.spark_snapshot_from >= 0, "spark_snapshot_from", "must not be negative")
         for name in ("snapshot_session_timeout", "snapshot_bookie_timeout"):
             check(getattr(self, name) > 0, name, "must be more than 0 seconds")
         check(bool(self.spark_master), "spark_master", "must name a Spark master")

@@ -251,6 +251,13 @@ async def take_snapshot(
     )
 
 
+async def ledgers_allocated(metadata_uri: str, config: AuditConfig) -> int:
+    """The ledger ids the cluster has handed out: what chooses how to take its snapshot."""
+    async with open_store(metadata_uri, session_timeout=config.snapshot_session_timeout) as store:
+        await require_cluster(store, uri=metadata_uri)
+        return await LedgerManager(store).ids_allocated()
+
+
 async def registered_bookies(store: MetadataStore) -> Registered:
     """The registry's bookies now, their placements, and where to reach each."""
     registry = BookieRegistry(store)

@@ -66,8 +66,8 @@ def snapshot(
         str | None,
         typer.Option(
             help="Take it as a Spark job on this master (local[2], spark://host:7077, ...): "
-            "ranges of ledgers and the bookies' dumps exported by parallel tasks. "
-            "Default: in this process."
+            "ranges of ledgers and the bookies' dumps exported by parallel tasks. Default: "
+            "in this process, or on spark_master from spark_snapshot_from ledgers on."
         ),
     ] = None,
     conf: SparkConf = None,
@@ -75,18 +75,29 @@ def snapshot(
 ) -> None:
     """Export the cluster's metadata and every bookie's availability as Parquet.
 
-    With --master, the executors must reach the metadata store and the bookies, and see
-    --out at the same path as this driver.
+    On Spark, the executors must reach the metadata store and the bookies, and see --out
+    at the same path as this driver.
     """
+    from tally.audit.snapshot import ledgers_allocated, take_snapshot
+
     settings = _settings(
         config,
         metadata=required_metadata(metadata),
         spark_conf=None if conf is None else tuple(conf),
     )
+    with _failures():
+        if master is None:
+            allocated = asyncio.run(ledgers_allocated(settings.metadata, settings))
+            if allocated >= settings.spark_snapshot_from:
+                master = settings.spark_master
+                _err.print(
+                    f"{allocated:,} ledger ids handed out (spark_snapshot_from = "
+                    f"{settings.spark_snapshot_from:,}): taking the snapshot as a Spark job "
+                    f"on {master}",
+                    markup=False,
+                )
     with _progress() as progress, _failures():
         if master is None:
-            from tally.audit.snapshot import take_snapshot
-
             summary = asyncio.run(
                 take_snapshot(settings.metadata, out, progress=progress, config=settings)
             )
