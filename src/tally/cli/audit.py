@@ -266,7 +266,8 @@ def executors() -> None:
     from tally.audit.executors import executor_requirements, python_version
 
     _out.print(
-        f"# Executors of `tally audit run` and `tally cluster recover` on a Spark cluster:\n"
+        "# Executors of tally's Spark jobs (audit snapshot --master, audit run, cluster "
+        "recover):\n"
         f"# Spark {pyspark.__version__} on the workers, Python {python_version()} as their "
         "python3 (or --conf spark.pyspark.python=PATH),\n"
         "# and these packages (pip install -r this file); tally's code is shipped by the job.",
