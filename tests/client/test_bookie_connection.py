@@ -42,6 +42,7 @@ from tally.core.protocol import (
     ErrorResponse,
     LedgerAvailability,
     LedgerInfo,
+    PreparedAdd,
     ReadLacRequest,
     ReadRequest,
     ReadResponse,
@@ -213,6 +214,10 @@ async def test_frames_over_the_size_limit() -> None:
     async with connected(max_frame_size=1024) as (bookie, connection):
         with pytest.raises(BadRequest, match="exceeds"):
             connection.add_nowait(entry(LEDGER, 0, bytes(2000)), KEY)
+        # A writer's ADD, made once for connections of any limit, is refused by this one.
+        with pytest.raises(BadRequest, match="over this connection's limit of 1024"):
+            connection.add_prepared_nowait(PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY))
+        assert not bookie.received
         bookie.entries[LEDGER] = {0: bytes(2000)}
         with pytest.raises(BookieUnavailable, match="exceeds the limit of 1024"):
             await connection.read(LEDGER, 0)

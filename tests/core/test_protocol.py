@@ -38,6 +38,7 @@ from tally.core.protocol import (
     MetadataCopyRequest,
     MetadataCopyResponse,
     Operation,
+    PreparedAdd,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -289,6 +290,25 @@ def test_add_request_layout_is_byte_exact() -> None:
     )
     assert request.encode() == expected
     assert (request.ledger_id, request.entry_id) == (WIDE, 5)
+
+
+@given(st.integers(0, UINT64_MAX), st.booleans())
+def test_a_prepared_add_is_the_add_with_each_connection_s_request_id(
+    request_id: int, recovery: bool
+) -> None:
+    """The frame a writer makes once per entry, completed per copy, is the ADD frame."""
+    entry = entry_of(WIDE, 7)
+    prepared = PreparedAdd.of(entry, KEY, recovery)
+    expected = AddRequest.for_entry(request_id, entry, KEY, recovery).encode()
+    assert prepared.head_for(request_id) + prepared.entry == expected
+    assert prepared.frame_size == len(expected) - 4
+    assert (prepared.request.ledger_id, prepared.request.entry_id) == (WIDE, 7)
+
+
+def test_a_prepared_add_over_the_frame_limit_is_refused() -> None:
+    entry = entry_of(WIDE, 7)
+    with pytest.raises(BadRequest):
+        PreparedAdd.of(entry, KEY, max_frame_size=len(entry))
 
 
 def test_request_layouts_are_byte_exact() -> None:

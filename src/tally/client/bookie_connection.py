@@ -33,7 +33,6 @@ from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, BookieUnavailable, MalformedData, TallyError, Timeout
 from tally.core.ids import LedgerId
 from tally.core.protocol import (
-    AddRequest,
     AddResponse,
     AvailabilityDumpRequest,
     AvailabilityDumpResponse,
@@ -45,6 +44,7 @@ from tally.core.protocol import (
     LedgerInfoRequest,
     LedgerInfoResponse,
     MetadataCopyRequest,
+    PreparedAdd,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -56,6 +56,7 @@ from tally.core.protocol import (
     WriteLacRequest,
 )
 from tally.core.protocol.dump import DumpRecord
+from tally.core.protocol.wire import EntryBytes
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._outbox: list[bytes] = []
+        self._outbox: list[EntryBytes] = []
         self._writing_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._backlogged = 0
@@ -167,16 +168,29 @@ class BookieConnection(asyncio.BufferedProtocol):
         """Send an ADD of the encoded `entry` now; the future resolves when the bookie has it
         durably. Does not wait while the transport is full: the frame queues until it drains.
         """
+        return self.add_prepared_nowait(
+            PreparedAdd.of(entry, master_key, recovery, self._max_frame_size)
+        )
+
+    def add_prepared_nowait(self, add: PreparedAdd) -> asyncio.Future[None]:
+        """`add_nowait` of an ADD made once for every copy of its entry (a writer's)."""
+        if add.frame_size > self._max_frame_size:
+            raise BadRequest(
+                f"{_describe(add.request, self._next_id)}: a frame of {add.frame_size} bytes "
+                f"is over this connection's limit of {self._max_frame_size}"
+            )
         future: asyncio.Future[None] = self._loop.create_future()
         if self._failure is not None:
             future.set_exception(self._unavailable())
             return future
         request_id = self._next_id
-        request = AddRequest.for_entry(request_id, entry, master_key, recovery)
-        frame = request.encode(self._max_frame_size)
         self._next_id = request_id + 1
-        self._register(request_id, future, request)
-        self._send(frame)
+        self._register(request_id, future, add.request)
+        outbox = self._outbox
+        outbox.append(add.head_for(request_id))
+        outbox.append(add.entry)
+        if len(outbox) == 2:
+            self._loop.call_soon(self._flush)
         return future
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
@@ -329,7 +343,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 or response.ledger_id != request.ledger_id
             ):
                 pending[request_id] = entry
-                self._abort(_mismatch(response, request))
+                self._abort(_mismatch(response, request, request_id))
                 return
             if isinstance(target, _Stream):
                 self._deliver(target, request, response)
@@ -454,7 +468,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 target,
                 Timeout(
                     f"bookie {self.address}: no answer within {self._request_timeout:g} s to "
-                    f"{_describe(request)}"
+                    f"{_describe(request, request_id)}"
                 ),
             )
         if pending:
@@ -492,15 +506,17 @@ def _reject(target: _Target, error: TallyError) -> None:
         target.set_exception(error)
 
 
-def _describe(request: Request) -> str:
+def _describe(request: Request, request_id: int) -> str:
+    """The request sent as `request_id` (a prepared ADD's request carries id 0)."""
     return (
-        f"{request.operation.name} request {request.request_id} "
+        f"{request.operation.name} request {request_id} "
         f"(ledger {request.ledger_id}, entry {request.entry_id})"
     )
 
 
-def _mismatch(response: Response, request: Request) -> str:
+def _mismatch(response: Response, request: Request, request_id: int) -> str:
     return (
         f"{response.operation.name} response {response.request_id} (ledger "
-        f"{response.ledger_id}, entry {response.entry_id}) does not answer {_describe(request)}"
+        f"{response.ledger_id}, entry {response.entry_id}) does not answer "
+        f"{_describe(request, request_id)}"
     )

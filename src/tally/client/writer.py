@@ -46,6 +46,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.protocol import PreparedAdd
 from tally.core.quorum import PendingAdds
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
@@ -79,7 +80,8 @@ class LedgerWriter:
             metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         )
         self._ensemble = list(metadata.segments[-1].ensemble)
-        self._entries: dict[int, bytes] = {}
+        self._entries: dict[int, PreparedAdd] = {}
+        """Entries not yet confirmed, each ADD made once for all its copies."""
         """Encoded entries not yet confirmed: what an ensemble change re-sends."""
         self._lengths: dict[int, int] = {}
         self._waiters: dict[int, asyncio.Future[int]] = {}
@@ -182,7 +184,7 @@ class LedgerWriter:
             EntryFormat.V2,  # names its digest type: bookies check CRC digests on the way in
         )
         positions = self._pending.add(entry_id)
-        self._entries[entry_id] = encoded
+        self._entries[entry_id] = PreparedAdd.of(encoded, self._master_key)
         self._lengths[entry_id] = self._length
         future = self._waiters.get(entry_id) or asyncio.get_running_loop().create_future()
         self._waiters[entry_id] = future
@@ -200,15 +202,15 @@ class LedgerWriter:
             return
         bookie = self._ensemble[position]
         connection = self._context.bookies.cached(bookie)
-        encoded = self._entries[entry_id]
+        add = self._entries[entry_id]
         if connection is None:
             asyncio.get_running_loop().create_task(
-                self._send_after_dial(entry_id, position, bookie, encoded)
+                self._send_after_dial(entry_id, position, bookie, add)
             )
             return
         if bookie not in self._copied:
             self._give_copy(bookie, connection)
-        future = connection.add_nowait(encoded, self._master_key)
+        future = connection.add_prepared_nowait(add)
         future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
 
     def _give_copy(self, bookie: str, connection: BookieConnection) -> None:
@@ -219,7 +221,7 @@ class LedgerWriter:
         future.add_done_callback(partial(copy_answered, self.ledger_id, bookie))
 
     async def _send_after_dial(
-        self, entry_id: int, position: int, bookie: str, encoded: bytes
+        self, entry_id: int, position: int, bookie: str, add: PreparedAdd
     ) -> None:
         """The entry is kept as sent: it may be confirmed by the other copies meanwhile,
         and this one is still owed."""
@@ -234,7 +236,7 @@ class LedgerWriter:
         if self._bookie_of(entry_id, position) == bookie:
             if bookie not in self._copied:
                 self._give_copy(bookie, connection)
-            future = connection.add_nowait(encoded, self._master_key)
+            future = connection.add_prepared_nowait(add)
             future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
 
     def _bookie_of(self, entry_id: int, position: int) -> str:
@@ -264,7 +266,9 @@ class LedgerWriter:
         corrupt (changed after it was digested): no bookie would take it, so the writer
         fails rather than replace bookie after bookie."""
         try:
-            decode_entry(self._entries[entry_id], self._record.metadata.digest_type, self._mac_key)
+            decode_entry(
+                self._entries[entry_id].entry, self._record.metadata.digest_type, self._mac_key
+            )
         except BadDigest:
             log.error(
                 "ledger %s entry %d changed in this writer after it was digested: %s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
@@ -83,12 +84,16 @@ class AddRequest:
             )
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        return self.head(max_frame_size) + self.entry
+
+    def head(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        """The frame up to its entry: the entry's bytes follow it on the wire."""
         size = ADD.size - LENGTH.size + len(self.entry)
         check_header_fields(self, size, max_frame_size)
         check_master_key(self.master_key, self)
         check_int(self.crc32c, 0, U32, "crc32c", self)
         ledger_id = self.ledger_id
-        head = ADD.pack(
+        return ADD.pack(
             size,
             VERSION,
             self.operation,
@@ -100,7 +105,48 @@ class AddRequest:
             self.master_key,
             self.crc32c,
         )
-        return head + self.entry
+
+
+ADD_REQUEST_ID = struct.Struct(">Q")
+ADD_REQUEST_ID_OFFSET = LENGTH.size + 4
+"""Where an ADD frame's request id is: after the length, the version, the operation and
+the flags."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAdd:
+    """One entry's ADD made once for all its copies: its CRC32C taken, its header checked
+    and packed once (request id 0); each connection writes `head_for` its own request id,
+    then the entry's bytes, shared."""
+
+    request: AddRequest
+    """The ADD with request id 0: what a connection matches its answer against."""
+    head: bytes
+
+    @classmethod
+    def of(
+        cls,
+        entry: bytes,
+        master_key: bytes,
+        recovery: bool = False,
+        max_frame_size: int = MAX_FRAME_SIZE,
+    ) -> PreparedAdd:
+        request = AddRequest.for_entry(0, entry, master_key, recovery)
+        return cls(request, request.head(max_frame_size))
+
+    @property
+    def entry(self) -> EntryBytes:
+        return self.request.entry
+
+    @property
+    def frame_size(self) -> int:
+        """The frame's length prefix: what a connection's frame limit applies to."""
+        return len(self.head) - LENGTH.size + len(self.request.entry)
+
+    def head_for(self, request_id: int) -> bytes:
+        head = bytearray(self.head)
+        ADD_REQUEST_ID.pack_into(head, ADD_REQUEST_ID_OFFSET, request_id)
+        return bytes(head)
 
 
 @dataclass(frozen=True, slots=True)
