@@ -18,7 +18,7 @@ from tally.cli.console import err as _err
 from tally.cli.console import failures as _failures
 from tally.cli.console import out as _out
 from tally.cli.console import stage_progress as _progress
-from tally.cli.options import ConfigFile, Metadata, SparkConf, required_metadata
+from tally.cli.options import ConfigFile, Metadata, SparkConf, existing_metadata
 from tally.config import load
 
 app = typer.Typer(
@@ -80,9 +80,11 @@ def snapshot(
     """
     from tally.audit.snapshot import ledgers_allocated, take_snapshot
 
+    with _failures():
+        uri = existing_metadata(metadata)
     settings = _settings(
         config,
-        metadata=required_metadata(metadata),
+        metadata=uri,
         spark_conf=None if conf is None else tuple(conf),
     )
     with _failures():
@@ -201,7 +203,9 @@ def confirm(
     from tally.audit.confirm import confirm as confirm_report
     from tally.client.config import ClientConfig
 
-    settings = _settings(config, metadata=required_metadata(metadata))
+    with _failures():
+        uri = existing_metadata(metadata)
+    settings = _settings(config, metadata=uri)
     params = _run_params(report)
     with _failures():
         client = load(ClientConfig, "client", file=config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -51,5 +52,29 @@ def required_metadata(uri: str | None) -> str:
         raise typer.BadParameter(
             "give the metadata store with --metadata URI or $TALLY_METADATA",
             param_hint="--metadata",
+        )
+    return found
+
+
+def missing_sqlite_store(uri: str) -> str | None:
+    """The path of a sqlite store `uri` names that does not exist (opening it would create an
+    empty store where the user expected a cluster); None for any other URI."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() == "sqlite" and parts.path and not Path(parts.path).exists():
+        return "/" + parts.path.lstrip("/")
+    return None
+
+
+def existing_metadata(uri: str | None) -> str:
+    """`required_metadata`, and BadRequest for a sqlite file that does not exist: commands
+    that read a cluster never create a store."""
+    from tally.core.errors import BadRequest
+
+    found = required_metadata(uri)
+    missing = missing_sqlite_store(found)
+    if missing is not None:
+        raise BadRequest(
+            f"no metadata store at {missing}; create a cluster with "
+            f"`tally cluster init --metadata {found}`"
         )
     return found

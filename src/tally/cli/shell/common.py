@@ -10,12 +10,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
-from urllib.parse import urlsplit
 
 import typer
 
 from tally.bookie.config import BookieConfig
-from tally.cli.options import ConfigFile
+from tally.cli.options import ConfigFile, missing_sqlite_store
 from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.config import load, metadata_uri
@@ -120,11 +119,11 @@ def _resolve(metadata: str | None) -> str:
     create an empty store where the user expected a cluster)."""
     given = metadata_uri(metadata)
     uri = given or f"sqlite://{Path.cwd() / LOCAL_METADATA}"
-    parts = urlsplit(uri)
-    if parts.scheme.lower() == "sqlite" and parts.path and not Path(parts.path).exists():
+    missing = missing_sqlite_store(uri)
+    if missing is not None:
         origin = "" if given else " (the default without --metadata or TALLY_METADATA)"
         raise fail(
-            f"no metadata store at {parts.path}{origin}; create a cluster with "
+            f"no metadata store at {missing}{origin}; create a cluster with "
             f"`tally cluster init --metadata {uri}`",
             EXIT_UNAVAILABLE,
         )
