@@ -7,8 +7,8 @@ the driver serves it to every executor, whatever the master — local, standalon
 Kubernetes — and it leads their import path). The third-party packages those tasks import
 are compiled wheels, so they are a requirement of the executors' image instead, listed
 pinned to the driver's versions by `tally audit executors`. A packed environment
-(`spark.archives`) would carry them too, but at about 400 MB per job (PySpark's jars in it
-again), and only to executors of the driver's OS, CPU and Python build.
+(`spark.archives`) would carry them too, but at about 480 MB per job (PySpark's own
+installation in it again), and only to executors of the driver's OS, CPU and Python build.
 """
 
 from __future__ import annotations
