@@ -265,16 +265,19 @@ async def registered_bookies(store: MetadataStore) -> Registered:
     placements = await registry.placements()
     addresses: dict[str, str] = {}
     unreachable: dict[str, str] = {}
-    for bookie in sorted(available.writable | available.read_only):
+
+    async def read(bookie: str) -> None:
         try:
             registration = await registry.registration(bookie)
         except TallyError as error:
             unreachable[bookie] = f"{type(error).__name__}: {error}"
-            continue
+            return
         if registration is None:
             unreachable[bookie] = "BookieUnavailable: unregistered before it was asked"
         else:
             addresses[bookie] = registration.info.address
+
+    await asyncio.gather(*(read(bookie) for bookie in available.writable | available.read_only))
     return Registered(available, placements, addresses, unreachable)
 
 
@@ -319,9 +322,7 @@ def finish_snapshot(
         if dumped.failure is not None:
             failures[dumped.bookie_id] = dumped.failure
     if availability_rows == 0:
-        DatasetWriter(
-            out / schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA, schema.AVAILABILITY
-        ).close()
+        _part(out, schema.AVAILABILITY, schema.AVAILABILITY_SCHEMA, 0).close()
     rows = _bookie_rows(found.named, registered.available, registered.placements, failures)
     bookies = DatasetWriter(out / schema.BOOKIES, schema.BOOKIES_SCHEMA, schema.BOOKIES)
     bookies.write_rows(rows)

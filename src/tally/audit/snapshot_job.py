@@ -151,20 +151,19 @@ def _collect(
     if not items:
         return []
     rdd: RDD[tuple[int, T]] = context.parallelize(list(enumerate(items)), len(items))
+    if progress is None:
+        return rdd.map(task).collect()
     done = threading.Event()
-    watcher = None
-    if progress is not None:
-        watcher = threading.Thread(
-            target=_watch_tasks, args=(context, stage, len(items), progress, done), daemon=True
-        )
-        watcher.start()
+    watcher = threading.Thread(
+        target=_watch_tasks, args=(context, stage, len(items), progress, done), daemon=True
+    )
+    watcher.start()
     try:
         return rdd.map(task).collect()
     finally:
         done.set()
-        if watcher is not None:
-            watcher.join()
-            progress(stage, len(items), len(items))  # type: ignore[misc]
+        watcher.join()
+        progress(stage, len(items), len(items))
 
 
 def _watch_tasks(

@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -20,6 +20,9 @@ from tally.cli.console import out as _out
 from tally.cli.console import stage_progress as _progress
 from tally.cli.options import ConfigFile, Metadata, SparkConf, existing_metadata
 from tally.config import load
+
+if TYPE_CHECKING:
+    from tally.audit.snapshot import Progress
 
 app = typer.Typer(
     name="audit",
@@ -109,7 +112,9 @@ def snapshot(
     _out.print(f"snapshot written to {out}", markup=False)
 
 
-def _spark_snapshot(settings: AuditConfig, master: str, out: Path, progress: Any) -> dict[str, Any]:
+def _spark_snapshot(
+    settings: AuditConfig, master: str, out: Path, progress: Progress
+) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from tally.audit.checks import spark_session

@@ -186,11 +186,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         request_id = self._next_id
         self._next_id = request_id + 1
         self._register(request_id, future, add.request)
-        outbox = self._outbox
-        outbox.append(add.head_for(request_id))
-        outbox.append(add.entry)
-        if len(outbox) == 2:
-            self._loop.call_soon(self._flush)
+        self._send(add.head_for(request_id), add.entry)
         return future
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
@@ -405,11 +401,13 @@ class BookieConnection(asyncio.BufferedProtocol):
         if self._timer is None:
             self._timer = self._loop.call_at(deadline, self._expire)
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, *parts: EntryBytes) -> None:
+        """Queue a frame (in parts: an ADD's header, then its entry shared by every copy);
+        the outbox goes out in one write at the loop's next turn."""
         outbox = self._outbox
-        outbox.append(frame)
-        if len(outbox) == 1:
+        if not outbox:
             self._loop.call_soon(self._flush)
+        outbox.extend(parts)
 
     def _flush(self) -> None:
         if self._writing_paused or not self._outbox or self._transport is None:

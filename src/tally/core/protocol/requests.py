@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
@@ -20,6 +19,8 @@ from tally.core.protocol.wire import (
     NO_FLAGS,
     NO_LEDGER,
     RECOVERY_ADD,
+    REQUEST_ID,
+    REQUEST_ID_OFFSET,
     U32,
     VERSION,
     WITH_STATE,
@@ -107,12 +108,6 @@ class AddRequest:
         )
 
 
-ADD_REQUEST_ID = struct.Struct(">Q")
-ADD_REQUEST_ID_OFFSET = LENGTH.size + 4
-"""Where an ADD frame's request id is: after the length, the version, the operation and
-the flags."""
-
-
 @dataclass(frozen=True, slots=True)
 class PreparedAdd:
     """One entry's ADD made once for all its copies: its CRC32C taken, its header checked
@@ -145,7 +140,7 @@ class PreparedAdd:
 
     def head_for(self, request_id: int) -> bytes:
         head = bytearray(self.head)
-        ADD_REQUEST_ID.pack_into(head, ADD_REQUEST_ID_OFFSET, request_id)
+        REQUEST_ID.pack_into(head, REQUEST_ID_OFFSET, request_id)
         return bytes(head)
 
 

@@ -25,6 +25,9 @@ RESPONSE = struct.Struct(">IBBHQQQqi")  # length prefix, then the response heade
 REQUEST_HEADER_SIZE: Final = REQUEST.size - LENGTH.size
 RESPONSE_HEADER_SIZE: Final = RESPONSE.size - LENGTH.size
 ADD = struct.Struct(">IBBHQQQq32sI")  # an ADD request frame up to its entry
+REQUEST_ID = struct.Struct(">Q")
+REQUEST_ID_OFFSET: Final = struct.calcsize(">IBBH")
+"""Where a request frame's id is: after the length prefix, version, operation and flags."""
 ADD_FIXED = struct.Struct(">32sI")  # the ADD body before the entry
 KEY_AND_LAC = struct.Struct(">32sq")
 LAC = struct.Struct(">q")
