@@ -3,6 +3,7 @@ from __future__ import annotations
 import array
 import itertools
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -1219,3 +1220,32 @@ def test_a_malformed_state_record_is_refused(body: bytes, problem: str) -> None:
 def test_the_dump_request_id_is_checked_up_front() -> None:
     with pytest.raises(BadRequest, match="request id -1"):
         encode_availability_dump(-1, [])
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([WIDE, LedgerId(0, 7), LedgerId(3, 7)]), st.integers(0, 9)))
+)
+def test_add_answers_of_interleaved_ledgers_each_name_their_own(
+    answers: list[tuple[LedgerId, int]],
+) -> None:
+    """The reader keeps the last ADD answer's ledger id to reuse: never for another."""
+    batch = [AddResponse(i, ledger, entry) for i, (ledger, entry) in enumerate(answers)]
+    decoded = ResponseReader().feed(b"".join(response.encode() for response in batch))
+    assert decoded == batch
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda f: f[:6] + b"\x00\x01" + f[8:], "flags"),  # a flag an ADD answer cannot carry
+        (lambda f: f[:32] + struct.pack(">q", -1) + f[40:], "below 0"),  # a negative entry id
+        (lambda f: f[:4] + b"\x02" + f[5:], "version 2"),
+        (lambda f: struct.pack(">I", len(f) - 4 + 2) + f[4:] + b"xx", "expected 0"),  # a body
+    ],
+)
+def test_add_answers_out_of_shape_are_refused(
+    change: Callable[[bytes], bytes], problem: str
+) -> None:
+    frame = AddResponse(1, WIDE, 3).encode()
+    with pytest.raises(MalformedData, match=problem):
+        ResponseReader().feed(change(frame))

@@ -4,7 +4,9 @@ An asyncio protocol rather than streams, so that an add needs no coroutine or ta
 `add_nowait` encodes the frame, parks a future under the request id and queues the bytes;
 the transport receives straight into the `ResponseReader`'s arena (`get_buffer`), and
 `buffer_updated` resolves the futures of whatever answers arrived. Frames queued in one
-event-loop turn leave in one write, so a burst of adds costs one send, not one each.
+event-loop turn leave in one write, so a burst of adds costs one send, not one each. A
+writer's copies take `add_prepared` instead, with a callback in place of a future: an
+acknowledgement then calls it from `buffer_updated` itself, not a loop turn later.
 
 Failures keep BookKeeper's distinction between a negative answer and an unknown one: an
 error response raises the bookie's own typed error; no answer within `request_timeout`
@@ -24,6 +26,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
+from functools import partial
 from ssl import SSLContext
 from typing import Any, Final, TypeAlias
 
@@ -82,7 +85,10 @@ class _Stream:
             waiter.set_result(None)
 
 
-_Target: TypeAlias = "asyncio.Future[Any] | _Stream"
+AddAnswered: TypeAlias = Callable[[Exception | None], None]
+"""Told how an add ended: None once the bookie has the entry durably, else the error."""
+
+_Target: TypeAlias = "asyncio.Future[Any] | _Stream | AddAnswered"
 _Pending: TypeAlias = tuple[_Target, Request, float]
 """Who waits for the answer, the request, and its deadline on the loop's clock."""
 
@@ -168,26 +174,32 @@ class BookieConnection(asyncio.BufferedProtocol):
         """Send an ADD of the encoded `entry` now; the future resolves when the bookie has it
         durably. Does not wait while the transport is full: the frame queues until it drains.
         """
-        return self.add_prepared_nowait(
-            PreparedAdd.of(entry, master_key, recovery, self._max_frame_size)
-        )
+        add = PreparedAdd.of(entry, master_key, recovery, self._max_frame_size)
+        future: asyncio.Future[None] = self._loop.create_future()
+        if self._failure is not None:
+            future.set_exception(self._unavailable())
+        else:
+            self.add_prepared(add, partial(_settle, future))
+        return future
 
-    def add_prepared_nowait(self, add: PreparedAdd) -> asyncio.Future[None]:
-        """`add_nowait` of an ADD made once for every copy of its entry (a writer's)."""
+    def add_prepared(self, add: PreparedAdd, answered: AddAnswered) -> None:
+        """Send an ADD made once for every copy of its entry (a writer's). `answered` is
+        called once: with None straight from the connection's receive callback when the
+        bookie acknowledges, or with the error a loop turn after it is known (never before
+        this returns), so that failures meet the writer outside the connection's own code.
+        """
         if add.frame_size > self._max_frame_size:
             raise BadRequest(
                 f"{_describe(add.request, self._next_id)}: a frame of {add.frame_size} bytes "
                 f"is over this connection's limit of {self._max_frame_size}"
             )
-        future: asyncio.Future[None] = self._loop.create_future()
         if self._failure is not None:
-            future.set_exception(self._unavailable())
-            return future
+            self._loop.call_soon(answered, self._unavailable())
+            return
         request_id = self._next_id
         self._next_id = request_id + 1
-        self._register(request_id, future, add.request)
+        self._register(request_id, answered, add.request)
         self._send(add.head_for(request_id), add.entry)
-        return future
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
         """`add_nowait`, after waiting for the transport to drain if it is full."""
@@ -341,7 +353,14 @@ class BookieConnection(asyncio.BufferedProtocol):
                 pending[request_id] = entry
                 self._abort(_mismatch(response, request, request_id))
                 return
-            if isinstance(target, _Stream):
+            if callable(target):
+                if type(response) is ErrorResponse:
+                    self._loop.call_soon(target, response.error())
+                else:
+                    _acknowledge(target, self.address)
+                    if self._failure is not None:
+                        return  # the writer closed this connection: the rest was failed
+            elif isinstance(target, _Stream):
                 self._deliver(target, request, response)
             elif not target.done():
                 if type(response) is ErrorResponse:
@@ -462,7 +481,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 # The consumer is behind, not the bookie: the clock restarts when it waits.
                 pending[request_id] = (target, request, now + self._request_timeout)
                 continue
-            _reject(
+            self._reject(
                 target,
                 Timeout(
                     f"bookie {self.address}: no answer within {self._request_timeout:g} s to "
@@ -490,18 +509,36 @@ class BookieConnection(asyncio.BufferedProtocol):
         pending, self._pending = self._pending, {}
         self._outbox.clear()
         for target, _, _ in pending.values():
-            _reject(target, self._unavailable())
+            self._reject(target, self._unavailable())
         self._wake_drainers()
 
     def _unavailable(self) -> BookieUnavailable:
         return BookieUnavailable(f"bookie {self.address}: {self._failure}")
 
+    def _reject(self, target: _Target, error: TallyError) -> None:
+        if callable(target):
+            self._loop.call_soon(target, error)
+        elif isinstance(target, _Stream):
+            target.push(error)
+        elif not target.done():
+            target.set_exception(error)
 
-def _reject(target: _Target, error: TallyError) -> None:
-    if isinstance(target, _Stream):
-        target.push(error)
-    elif not target.done():
-        target.set_exception(error)
+
+def _acknowledge(answered: AddAnswered, address: str) -> None:
+    """A writer's callback fails alone: the other answers in the same receive still count."""
+    try:
+        answered(None)
+    except Exception:
+        log.exception("bookie %s: an add's acknowledgement callback failed", address)
+
+
+def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _describe(request: Request, request_id: int) -> str:

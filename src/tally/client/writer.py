@@ -81,8 +81,8 @@ class LedgerWriter:
         )
         self._ensemble = list(metadata.segments[-1].ensemble)
         self._entries: dict[int, PreparedAdd] = {}
-        """Entries not yet confirmed, each ADD made once for all its copies."""
-        """Encoded entries not yet confirmed: what an ensemble change re-sends."""
+        """Entries not yet confirmed, each ADD made once for all its copies: what an
+        ensemble change re-sends."""
         self._lengths: dict[int, int] = {}
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._unsent: list[int] = []
@@ -210,8 +210,7 @@ class LedgerWriter:
             return
         if bookie not in self._copied:
             self._give_copy(bookie, connection)
-        future = connection.add_prepared_nowait(add)
-        future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
+        connection.add_prepared(add, partial(self._on_add, entry_id, position, bookie))
 
     def _give_copy(self, bookie: str, connection: BookieConnection) -> None:
         """Send the bookie the current segment's metadata copy (best effort: a bookie
@@ -236,8 +235,7 @@ class LedgerWriter:
         if self._bookie_of(entry_id, position) == bookie:
             if bookie not in self._copied:
                 self._give_copy(bookie, connection)
-            future = connection.add_prepared_nowait(add)
-            future.add_done_callback(partial(self._on_add, entry_id, position, bookie))
+            connection.add_prepared(add, partial(self._on_add, entry_id, position, bookie))
 
     def _bookie_of(self, entry_id: int, position: int) -> str:
         """The bookie that holds `entry_id` at `position` by the current metadata."""
@@ -245,20 +243,14 @@ class LedgerWriter:
             return self._record.metadata.ensemble_at(entry_id)[position]
         return self._ensemble[position]
 
-    def _on_add(
-        self, entry_id: int, position: int, bookie: str, future: asyncio.Future[None]
-    ) -> None:
-        if future.cancelled():
-            return
-        error = future.exception()  # retrieved even when it no longer counts
+    def _on_add(self, entry_id: int, position: int, bookie: str, error: Exception | None) -> None:
         if self._bookie_of(entry_id, position) != bookie:
             return  # an answer from a bookie replaced since: it no longer counts
         if error is None:
-            self._pending.ack(entry_id, position)
-            self._release()
+            if self._pending.ack(entry_id, position):
+                self._release()
             self._wake_if_settled()
         else:
-            assert isinstance(error, Exception)
             self._on_failure(entry_id, position, bookie, error)
 
     def _corrupt_here(self, entry_id: int, error: BadDigest) -> bool:

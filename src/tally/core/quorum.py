@@ -248,6 +248,10 @@ class PendingAdds:
         self._adds: dict[int, _Add] = {}
         self._under_replicated: set[tuple[int, int]] = set()
         self._in_flight = 0
+        self._write_sets = tuple(
+            write_set(entry_id, ensemble_size, write_quorum) for entry_id in range(ensemble_size)
+        )
+        """Entry e's write set is the (e mod E)-th: one lookup per add."""
 
     @property
     def last_add_confirmed(self) -> int:
@@ -277,20 +281,25 @@ class PendingAdds:
             raise BadRequest(
                 f"entry {entry_id} added, but the next entry id is {self._next_entry_id}"
             )
-        positions = write_set(entry_id, self.ensemble_size, self.write_quorum)
+        positions = self._write_sets[entry_id % self.ensemble_size]
         self._adds[entry_id] = _Add(positions)
         self._next_entry_id += 1
         return positions
 
-    def ack(self, entry_id: int, position: int) -> None:
-        """Record that the bookie at `position` stored `entry_id` (repeats are harmless)."""
+    def ack(self, entry_id: int, position: int) -> bool:
+        """Record that the bookie at `position` stored `entry_id` (repeats are harmless);
+        True when this ack completes the entry after the LAC, so `release` has work: most
+        acks (the others of an entry, those of entries behind a gap) leave it nothing."""
         add = self._lookup(entry_id, position)
         if add is None or position in add.failed or position in add.acked:
-            return
-        add.acked.add(position)
+            return False
+        acked = add.acked
+        acked.add(position)
         if entry_id <= self._lac:
             self._in_flight -= 1
-        self._forget_if_done(entry_id, add)
+            self._forget_if_done(entry_id, add)
+            return False
+        return entry_id == self._lac + 1 and len(acked) == self.ack_quorum
 
     def failed(self, entry_id: int, position: int) -> None:
         """Record that the bookie at `position` failed to store `entry_id`."""
