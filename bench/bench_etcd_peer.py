@@ -198,15 +198,16 @@ def grpc_message(message: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Generated:
-    """What one h2load run measured."""
+    """What one load from a generator (h2load, or the Python client) measured."""
 
     puts_per_s: float
     latencies: list[float]
     acknowledged: int
     generator_cpu: float
-    """Seconds of h2load's CPU (user + system), warm-up included."""
+    """Seconds of the generator's CPU (user + system), warm-up included."""
     seconds: float
-    """h2load's whole run, warm-up included: `generator_cpu / seconds` is its core share."""
+    """The generator's whole run, warm-up included: `generator_cpu / seconds` is its share
+    of one core."""
 
 
 def h2load(
