@@ -16,6 +16,7 @@ from tally.core.entry_format import INT64_MAX, encode_entry
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
 from tally.core.protocol import (
+    ADD_HEAD_SIZE,
     KEEP_IN_PLACE,
     MASTER_KEY_SIZE,
     MAX_FRAME_SIZE,
@@ -303,13 +304,19 @@ def test_a_prepared_add_is_the_add_with_each_connection_s_request_id(
     expected = AddRequest.for_entry(request_id, entry, KEY, recovery).encode()
     assert prepared.head_for(request_id) + prepared.entry == expected
     assert prepared.frame_size == len(expected) - 4
-    assert (prepared.request.ledger_id, prepared.request.entry_id) == (WIDE, 7)
+    assert (prepared.operation, prepared.ledger_id, prepared.entry_id) == (Operation.ADD, WIDE, 7)
+    if not recovery:  # a writer's own, made from the ids it encoded the entry with
+        assert PreparedAdd.of_written(WIDE, 7, entry, KEY) == prepared
 
 
 def test_a_prepared_add_over_the_frame_limit_is_refused() -> None:
     entry = entry_of(WIDE, 7)
     with pytest.raises(BadRequest):
         PreparedAdd.of(entry, KEY, max_frame_size=len(entry))
+    large = bytes(MAX_FRAME_SIZE - ADD_HEAD_SIZE + 1)
+    with pytest.raises(BadRequest, match="exceeds the limit"):
+        PreparedAdd.of_written(WIDE, 7, large, KEY)
+    assert PreparedAdd.of_written(WIDE, 7, large[:-1], KEY).frame_size == MAX_FRAME_SIZE
 
 
 def test_request_layouts_are_byte_exact() -> None:

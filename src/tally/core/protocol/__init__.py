@@ -64,6 +64,7 @@ from tally.core.protocol.dump import (
 )
 from tally.core.protocol.readers import FrameReader, RequestReader, ResponseReader
 from tally.core.protocol.requests import (
+    ADD_HEAD_SIZE,
     AddRequest,
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
@@ -99,6 +100,7 @@ from tally.core.protocol.wire import (
 )
 
 __all__ = [
+    "ADD_HEAD_SIZE",
     "KEEP_IN_PLACE",
     "MASTER_KEY_SIZE",
     "MAX_FRAME_SIZE",
