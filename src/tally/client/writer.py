@@ -32,7 +32,7 @@ from tally.client.bookie_connection import AddAnswered, BookieConnection
 from tally.client.context import ClientContext
 from tally.client.metadata_copies import copy_answered, give_copies
 from tally.core.digest import mac_key, master_key
-from tally.core.entry_format import EntryFormat, decode_entry, encode_entry, header_size
+from tally.core.entry_format import EntryEncoder, EntryFormat, decode_entry, header_size
 from tally.core.errors import (
     BadDigest,
     BadRequest,
@@ -75,6 +75,10 @@ class LedgerWriter:
         self._record = record
         self._advanced = advanced
         self._mac_key = mac_key(password)
+        # V2 names its digest type: bookies check CRC digests on the way in.
+        self._encoder = EntryEncoder(
+            record.ledger_id, metadata.digest_type, self._mac_key, EntryFormat.V2
+        )
         self._max_payload = (
             MAX_FRAME_SIZE - ADD_HEAD_SIZE - header_size(EntryFormat.V2) - metadata.digest_type.size
         )
@@ -188,16 +192,7 @@ class LedgerWriter:
         ledger_id = self._record.ledger_id
         entry_id = pending.next_entry_id
         length = self._length + len(data)
-        encoded = encode_entry(
-            ledger_id,
-            entry_id,
-            pending.last_add_confirmed,
-            length,
-            data,
-            self._record.metadata.digest_type,
-            self._mac_key,
-            EntryFormat.V2,  # names its digest type: bookies check CRC digests on the way in
-        )
+        encoded = self._encoder.encode(entry_id, pending.last_add_confirmed, length, data)
         add = PreparedAdd.of_written(ledger_id, entry_id, encoded, self._master_key)
         positions = pending.add(entry_id)
         self._length = length
@@ -209,20 +204,22 @@ class LedgerWriter:
         self._lac_sent = self._pending.last_add_confirmed
         if self._changing is None and not self._replace:
             for position in positions:
-                self._send(entry_id, position)
+                self._send_add(add, position)
         else:
             self._unsent.append(entry_id)
         return future
 
     def _send(self, entry_id: int, position: int) -> None:
+        self._send_add(self._entries[entry_id], position)
+
+    def _send_add(self, add: PreparedAdd, position: int) -> None:
         if self._error is not None:
             return
         bookie = self._ensemble[position]
         connection = self._context.bookies.cached(bookie)
-        add = self._entries[entry_id]
         if connection is None:
             asyncio.get_running_loop().create_task(
-                self._send_after_dial(entry_id, position, bookie, add)
+                self._send_after_dial(add.entry_id, position, bookie, add)
             )
             return
         if bookie not in self._copied:
