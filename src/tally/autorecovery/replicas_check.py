@@ -1,13 +1,17 @@
 """The online replicas check (BP-34): every closed ledger's copies against its schedule.
 
 For each closed ledger with entries, every bookie of its segments is asked once what it
-holds of the ledger (GET_LIST_OF_ENTRIES_OF_LEDGER), and `tally.core` compares the answers
-with the round-robin schedule (`judge_ledger`). A run goes in three steps, so that no
-finding is reported on stale information:
+holds of the ledger, and `tally.core` compares the answers with the round-robin schedule:
+a ledger whose bookies answered exactly their schedule's encoding is healthy
+(`holds_schedule_exactly`), any other is judged in full (`judge_ledger`). A run goes in
+three steps, so that no finding is reported on stale information:
 
-1. The walk: the ledgers' metadata page by page, their bookies asked. A ledger already
-   marked under-replicated is skipped (the worker has it), or noted as marked too long.
-   A ledger whose bookies did not all answer is set aside for the retry.
+1. The walk: the ledgers' metadata page by page, PAGES_IN_FLIGHT pages at a time; each
+   bookie is asked once per page for all its ledgers of the page
+   (GET_LIST_OF_ENTRIES_OF_LEDGERS; per ledger, GET_LIST_OF_ENTRIES_OF_LEDGER, for a bookie
+   too old to know it). A ledger already marked under-replicated is skipped (the worker has
+   it), or noted as marked too long. A ledger whose bookies did not all answer (a failed
+   list, an error record, an answer that does not decode) is set aside for the retry.
 2. Before reporting, each finding is confirmed: a ledger marked meanwhile is left to the
    worker, and a ledger whose metadata changed (its version differs) is checked again on
    the new metadata rather than reported, a bounded number of times.
@@ -33,10 +37,10 @@ Load on the cluster is bounded. Ledger metadata and mark reads in flight never e
 two pages at a time (it reads one ahead), and the confirmations come after the walk, never
 alongside a page read, with at most N reads or marks in flight (with N = 1 the read-ahead
 makes it 2; a bookie's address, read when the pool first dials it, is not counted).
-Requests to bookies in flight, over all bookies, never exceed
-`auditor_max_concurrent_bookie_requests`. A bookie that fails to answer is not asked again
-in the same step, so a dead or stalled bookie costs one timeout per step, not one per
-ledger.
+Requests to bookies in flight (a list of a page's ledgers is one), over all bookies,
+never exceed `auditor_max_concurrent_bookie_requests`. A bookie that fails to answer is not
+asked again in the same step, so a dead or stalled bookie costs one timeout per step, not
+one per ledger.
 """
 
 from __future__ import annotations
