@@ -142,7 +142,9 @@ async def test_a_list_of_entries_of_ledgers_answers_each_in_order_over_as_many_r
             )
         assert isinstance(held[unknown].error(), NoSuchLedger)
 
-        many = [known[0]] * MAX_LEDGERS_PER_LIST  # 1,000 records of ~100 bytes: 7 frames
+        scattered = new_ledger()  # 20 runs at growing gaps: a record of about 550 bytes
+        await add_all(bookie.address, [entry(scattered, k * (k + 3)) for k in range(20)])
+        many = [scattered] * MAX_LEDGERS_PER_LIST  # about 70 KiB of records: 5 frames
         replies = []
         while many:
             reply = await connection.get_lists_of_entries(many)

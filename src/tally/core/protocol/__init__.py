@@ -30,7 +30,7 @@ encoder would not write: a frame that decodes re-encodes to exactly its own byte
                                                                     entry count u64, bytes u64
     METADATA_COPY                   master key, ledger metadata     -
     GET_LIST_OF_ENTRIES_OF_LEDGERS  ledger ids (scope u64,          records of a prefix of them
-      (no ledger)                   ledger u64), 1..1,000           (entry_lists.py)
+      (no ledger)                   ledger u64), 1..128             (entry_lists.py)
 
 An error response's body is the error's message in UTF-8. A dump answers with one or more
 frames of records (scope u64, ledger u64, length u32, availability encoding); the last one
