@@ -46,7 +46,8 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -296,6 +297,21 @@ async def time_recovery(client: Client, ledger_id: LedgerId) -> Recovery:
 # -- the run -------------------------------------------------------------------------------
 
 
+@contextmanager
+def bookie_cluster(scratch: Path) -> Iterator[tuple[str, list[int]]]:
+    """BOOKIES bookie processes on loopback on a new sqlite cluster under `scratch`: its
+    metadata URI and the bookies' pids; the bookies are stopped on the way out."""
+    metadata = init_cluster(scratch)
+    bookies: list[BookieProcess] = []
+    try:
+        for i in range(BOOKIES):
+            bookies.append(BookieProcess(metadata, scratch / f"bookie-{i}").start())
+        yield metadata, [bookie.process.pid for bookie in bookies if bookie.process is not None]
+    finally:
+        for bookie in bookies:
+            bookie.stop()
+
+
 def summarize(
     sync: Sequence[float],
     disk_mb: float,
@@ -470,18 +486,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         f"scratch {scratch} (device {os.stat(scratch).st_dev:#x}; repository device "
         f"{os.stat(REPO).st_dev:#x}), python {sys.version.split()[0]}, {os.cpu_count()} cores"
     )
-    bookies: list[BookieProcess] = []
     try:
         sync = raw_fdatasync(scratch, min(args.seconds, 2.0), grow=False)
         raw_rate = request_reply_rate(args.seconds * 0.75)
         raw_mb = loopback_mb_per_s(args.seconds * 0.5)
         disk_mb = raw_append(scratch, 64 * MIB)
-        metadata = init_cluster(scratch)
-        bookies = [BookieProcess(metadata, scratch / f"bookie-{i}").start() for i in range(BOOKIES)]
 
-        pids = [bookie.process.pid for bookie in bookies if bookie.process is not None]
-
-        async def run() -> tuple[
+        async def run(
+            metadata: str, pids: list[int]
+        ) -> tuple[
             dict[str, tuple[Load, list[float]]],
             Load,
             list[Recovery],
@@ -500,10 +513,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                 profile = await profile_load(client, args.seconds, pids) if args.profile else None
             return loads, through_tasks, recoveries, profile
 
-        loads, through_tasks, recoveries, profile = asyncio.run(run())
+        with bookie_cluster(scratch) as (metadata, pids):
+            loads, through_tasks, recoveries, profile = asyncio.run(run(metadata, pids))
     finally:
-        for bookie in bookies:
-            bookie.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
     figures = summarize(sync, disk_mb, raw_rate, raw_mb, loads, through_tasks, recoveries)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from tally.cli.bench import BENCH_DIR
 
 
 def _tally(*args: str) -> subprocess.CompletedProcess[str]:
@@ -36,3 +39,18 @@ def test_unknown_benchmark_is_a_usage_error() -> None:
     result = _tally("nonesuch")
     assert result.returncode == 2
     assert "unknown benchmark" in result.stdout
+
+
+def test_etcd_peer_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:
+    """Neither etcd nor h2load on PATH: one line naming the install script, exit 2."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "bench_etcd_peer.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert result.stderr == "etcd and h2load not found: run scripts/ensure-etcd.sh\n"
+    assert result.stdout == ""

@@ -9,6 +9,7 @@ import random
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
@@ -150,6 +151,81 @@ async def test_pipelined_adds_resolve_in_the_order_the_bookie_answers() -> None:
             assert {i for i, f in enumerate(futures) if f.done()} == answered
 
 
+def inside_receive() -> bool:
+    """Whether the caller runs inside the connection's receive callback."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "buffer_updated":
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class Answers:
+    """What an `add_prepared` callback was told, and whether inside the receive callback."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[int, Exception | None, bool]] = []
+
+    def __call__(self, entry_id: int, error: Exception | None) -> None:
+        self.told.append((entry_id, error, inside_receive()))
+
+
+async def test_a_prepared_add_is_acknowledged_inside_the_receive_its_error_a_turn_later() -> None:
+    async with connected() as (bookie, connection):
+        answers = Answers()
+        bookie.hold = True
+        for i in range(4):
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answers)
+        await until(lambda: len(bookie.held) == 4)
+        bookie.release([2, 0])
+        await until(lambda: len(answers.told) == 2)
+        assert answers.told == [(2, None, True), (0, None, True)]
+        bookie.errors[LEDGER] = LedgerFenced("fenced")
+        bookie.hold = False
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 4), KEY), answers)
+        await until(lambda: len(answers.told) == 3)
+        entry_id, error, receiving = answers.told[2]
+        assert (entry_id, type(error), receiving) == (4, LedgerFenced, False)
+        bookie.disconnect()
+        await until(lambda: len(answers.told) == 5)
+        assert sorted((e, type(x), r) for e, x, r in answers.told[3:]) == [
+            (1, BookieUnavailable, False),
+            (3, BookieUnavailable, False),
+        ]
+        told = len(answers.told)
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 5), KEY), answers)
+        assert len(answers.told) == told  # never before add_prepared returns
+        await until(lambda: len(answers.told) == told + 1)
+        entry_id, error, _ = answers.told[-1]
+        assert entry_id == 5
+        assert isinstance(error, BookieUnavailable)
+
+
+async def test_a_failing_acknowledgement_callback_does_not_lose_the_other_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with connected() as (bookie, connection):
+        acknowledged: list[int] = []
+
+        def answered(entry_id: int, error: Exception | None) -> None:
+            if entry_id == 1:
+                raise RuntimeError("a bug in the writer")
+            acknowledged.append(entry_id)
+
+        bookie.hold = True
+        for i in range(3):
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answered)
+        await until(lambda: len(bookie.held) == 3)
+        bookie.release()
+        await until(lambda: len(acknowledged) == 2)
+        assert acknowledged == [0, 2]
+        assert not connection.closed
+        assert "acknowledgement callback failed" in caplog.text
+        bookie.hold = False
+        assert await connection.read(LEDGER, 2) == entry(LEDGER, 2)
+
+
 async def test_request_ids_count_up_per_connection() -> None:
     async with connected() as (bookie, connection):
         await asyncio.gather(*(connection.read_lac(LEDGER) for _ in range(5)))
@@ -216,7 +292,9 @@ async def test_frames_over_the_size_limit() -> None:
             connection.add_nowait(entry(LEDGER, 0, bytes(2000)), KEY)
         # A writer's ADD, made once for connections of any limit, is refused by this one.
         with pytest.raises(BadRequest, match="over this connection's limit of 1024"):
-            connection.add_prepared_nowait(PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY))
+            connection.add_prepared(
+                PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY), lambda entry_id, error: None
+            )
         assert not bookie.received
         bookie.entries[LEDGER] = {0: bytes(2000)}
         with pytest.raises(BookieUnavailable, match="exceeds the limit of 1024"):

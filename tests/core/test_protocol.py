@@ -3,6 +3,7 @@ from __future__ import annotations
 import array
 import itertools
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from tally.core.entry_format import INT64_MAX, encode_entry
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
 from tally.core.protocol import (
+    ADD_HEAD_SIZE,
     KEEP_IN_PLACE,
     MASTER_KEY_SIZE,
     MAX_FRAME_SIZE,
@@ -333,13 +335,19 @@ def test_a_prepared_add_is_the_add_with_each_connection_s_request_id(
     expected = AddRequest.for_entry(request_id, entry, KEY, recovery).encode()
     assert prepared.head_for(request_id) + prepared.entry == expected
     assert prepared.frame_size == len(expected) - 4
-    assert (prepared.request.ledger_id, prepared.request.entry_id) == (WIDE, 7)
+    assert (prepared.operation, prepared.ledger_id, prepared.entry_id) == (Operation.ADD, WIDE, 7)
+    if not recovery:  # a writer's own, made from the ids it encoded the entry with
+        assert PreparedAdd.of_written(WIDE, 7, entry, KEY) == prepared
 
 
 def test_a_prepared_add_over_the_frame_limit_is_refused() -> None:
     entry = entry_of(WIDE, 7)
     with pytest.raises(BadRequest):
         PreparedAdd.of(entry, KEY, max_frame_size=len(entry))
+    large = bytes(MAX_FRAME_SIZE - ADD_HEAD_SIZE + 1)
+    with pytest.raises(BadRequest, match="exceeds the limit"):
+        PreparedAdd.of_written(WIDE, 7, large, KEY)
+    assert PreparedAdd.of_written(WIDE, 7, large[:-1], KEY).frame_size == MAX_FRAME_SIZE
 
 
 def test_request_layouts_are_byte_exact() -> None:
@@ -1267,3 +1275,32 @@ def test_a_malformed_state_record_is_refused(body: bytes, problem: str) -> None:
 def test_the_dump_request_id_is_checked_up_front() -> None:
     with pytest.raises(BadRequest, match="request id -1"):
         encode_availability_dump(-1, [])
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([WIDE, LedgerId(0, 7), LedgerId(3, 7)]), st.integers(0, 9)))
+)
+def test_add_answers_of_interleaved_ledgers_each_name_their_own(
+    answers: list[tuple[LedgerId, int]],
+) -> None:
+    """The reader keeps the last ADD answer's ledger id to reuse: never for another."""
+    batch = [AddResponse(i, ledger, entry) for i, (ledger, entry) in enumerate(answers)]
+    decoded = ResponseReader().feed(b"".join(response.encode() for response in batch))
+    assert decoded == batch
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda f: f[:6] + b"\x00\x01" + f[8:], "flags"),  # a flag an ADD answer cannot carry
+        (lambda f: f[:32] + struct.pack(">q", -1) + f[40:], "below 0"),  # a negative entry id
+        (lambda f: f[:4] + b"\x02" + f[5:], "version 2"),
+        (lambda f: struct.pack(">I", len(f) - 4 + 2) + f[4:] + b"xx", "expected 0"),  # a body
+    ],
+)
+def test_add_answers_out_of_shape_are_refused(
+    change: Callable[[bytes], bytes], problem: str
+) -> None:
+    frame = AddResponse(1, WIDE, 3).encode()
+    with pytest.raises(MalformedData, match=problem):
+        ResponseReader().feed(change(frame))

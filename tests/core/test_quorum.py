@@ -518,8 +518,15 @@ class PendingAddsMachine(RuleBasedStateMachine):
         assert self.adds is not None
         entry_id = data.draw(st.integers(0, self.adds.next_entry_id - 1))
         position = data.draw(st.sampled_from(self._positions(entry_id)))
-        (self.adds.ack if ack else self.adds.failed)(entry_id, position)
+        counted = (entry_id, position) not in self.answers
         self.answers.setdefault((entry_id, position), ack)
+        if not ack:
+            self.adds.failed(entry_id, position)
+            return
+        # True exactly when this ack gives the entry after the LAC its ack quorum: the
+        # writer releases only then (and after failures and ensemble changes).
+        completes = counted and entry_id == self.lac + 1 and self._acks(entry_id) == self.sizes[2]
+        assert self.adds.ack(entry_id, position) is completes
 
     @precondition(lambda self: self.adds is not None)
     @rule()

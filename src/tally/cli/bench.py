@@ -33,6 +33,7 @@ DESCRIPTIONS = {
     "replicas_check": "the online replicas check: ledgers/s over 10,000 closed ledgers",
     "rereplication": "re-replication MB/s after losing a bookie (--mib 1024 for 1 GiB)",
     "audit": "the Spark audit pipeline on synthetic snapshots: ledgers/s, cost per ledger",
+    "etcd_peer": "etcd, 3 members on loopback, beside tally: writes/s, p50/p99 (needs etcd)",
 }
 DEFAULT = ["availability", "protocol", "journal", "bookie", "client"]
 

@@ -4,7 +4,9 @@ An asyncio protocol rather than streams, so that an add needs no coroutine or ta
 `add_nowait` encodes the frame, parks a future under the request id and queues the bytes;
 the transport receives straight into the `ResponseReader`'s arena (`get_buffer`), and
 `buffer_updated` resolves the futures of whatever answers arrived. Frames queued in one
-event-loop turn leave in one write, so a burst of adds costs one send, not one each.
+event-loop turn leave in one write, so a burst of adds costs one send, not one each. A
+writer's copies take `add_prepared` instead, with a callback in place of a future: an
+acknowledgement then calls it from `buffer_updated` itself, not a loop turn later.
 
 Failures keep BookKeeper's distinction between a negative answer and an unknown one: an
 error response raises the bookie's own typed error; no answer within `request_timeout`
@@ -24,6 +26,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
+from functools import partial
 from ssl import SSLContext
 from typing import Any, Final, TypeAlias
 
@@ -86,8 +89,13 @@ class _Stream:
             waiter.set_result(None)
 
 
-_Target: TypeAlias = "asyncio.Future[Any] | _Stream"
-_Pending: TypeAlias = tuple[_Target, Request, float]
+AddAnswered: TypeAlias = Callable[[int, Exception | None], None]
+"""Told an entry id and how its add ended: None once the bookie has the entry durably,
+else the error. One callback serves every entry a writer sends to one bookie."""
+
+_Target: TypeAlias = "asyncio.Future[Any] | _Stream | AddAnswered"
+_Sent: TypeAlias = "Request | PreparedAdd"
+_Pending: TypeAlias = tuple[_Target, _Sent, float]
 """Who waits for the answer, the request, and its deadline on the loop's clock."""
 
 
@@ -114,7 +122,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._outbox: list[EntryBytes] = []
+        self._outbox: list[EntryBytes | bytearray] = []
         self._writing_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._backlogged = 0
@@ -172,26 +180,32 @@ class BookieConnection(asyncio.BufferedProtocol):
         """Send an ADD of the encoded `entry` now; the future resolves when the bookie has it
         durably. Does not wait while the transport is full: the frame queues until it drains.
         """
-        return self.add_prepared_nowait(
-            PreparedAdd.of(entry, master_key, recovery, self._max_frame_size)
-        )
-
-    def add_prepared_nowait(self, add: PreparedAdd) -> asyncio.Future[None]:
-        """`add_nowait` of an ADD made once for every copy of its entry (a writer's)."""
-        if add.frame_size > self._max_frame_size:
-            raise BadRequest(
-                f"{_describe(add.request, self._next_id)}: a frame of {add.frame_size} bytes "
-                f"is over this connection's limit of {self._max_frame_size}"
-            )
+        add = PreparedAdd.of(entry, master_key, recovery, self._max_frame_size)
         future: asyncio.Future[None] = self._loop.create_future()
         if self._failure is not None:
             future.set_exception(self._unavailable())
-            return future
+        else:
+            self.add_prepared(add, partial(_settle, future))
+        return future
+
+    def add_prepared(self, add: PreparedAdd, answered: AddAnswered) -> None:
+        """Send an ADD made once for every copy of its entry (a writer's). `answered` is
+        called once with the entry id: and None straight from the connection's receive
+        callback when the bookie acknowledges, or the error a loop turn after it is known
+        (never before this returns), so that failures meet the writer outside the
+        connection's own code."""
+        if add.frame_size > self._max_frame_size:
+            raise BadRequest(
+                f"{_describe(add, self._next_id)}: a frame of {add.frame_size} bytes "
+                f"is over this connection's limit of {self._max_frame_size}"
+            )
+        if self._failure is not None:
+            self._loop.call_soon(answered, add.entry_id, self._unavailable())
+            return
         request_id = self._next_id
         self._next_id = request_id + 1
-        self._register(request_id, future, add.request)
+        self._register(request_id, answered, add)
         self._send(add.head_for(request_id), add.entry)
-        return future
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
         """`add_nowait`, after waiting for the transport to drain if it is full."""
@@ -357,8 +371,15 @@ class BookieConnection(asyncio.BufferedProtocol):
                 pending[request_id] = entry
                 self._abort(_mismatch(response, request, request_id))
                 return
-            if isinstance(target, _Stream):
-                self._deliver(target, request, response)
+            if callable(target):
+                if type(response) is ErrorResponse:
+                    self._loop.call_soon(target, request.entry_id, response.error())
+                else:
+                    _acknowledge(target, request.entry_id, self.address)
+                    if self._failure is not None:
+                        return  # the writer closed this connection: the rest was failed
+            elif isinstance(target, _Stream):
+                self._deliver(target, request_id, request, response)
             elif not target.done():
                 if type(response) is ErrorResponse:
                     target.set_exception(response.error())
@@ -411,13 +432,13 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._send(frame)
         return request
 
-    def _register(self, request_id: int, target: _Target, request: Request) -> None:
+    def _register(self, request_id: int, target: _Target, request: _Sent) -> None:
         deadline = self._time() + self._request_timeout
         self._pending[request_id] = (target, request, deadline)
         if self._timer is None:
             self._timer = self._loop.call_at(deadline, self._expire)
 
-    def _send(self, *parts: EntryBytes) -> None:
+    def _send(self, *parts: EntryBytes | bytearray) -> None:
         """Queue a frame (in parts: an ADD's header, then its entry shared by every copy);
         the outbox goes out in one write at the loop's next turn."""
         outbox = self._outbox
@@ -442,14 +463,16 @@ class BookieConnection(asyncio.BufferedProtocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def _deliver(self, stream: _Stream, request: Request, response: Response) -> None:
+    def _deliver(
+        self, stream: _Stream, request_id: int, request: _Sent, response: Response
+    ) -> None:
         if type(response) is ErrorResponse:
             stream.push(response.error())
             return
         assert type(response) is AvailabilityDumpResponse
         stream.push(response)
         if not response.stream_end:
-            self._register(request.request_id, stream, request)
+            self._register(request_id, stream, request)
         if not stream.backlogged and len(stream.items) >= STREAM_BACKLOG:
             stream.backlogged = True
             self._backlogged += 1
@@ -478,8 +501,9 @@ class BookieConnection(asyncio.BufferedProtocol):
                 # The consumer is behind, not the bookie: the clock restarts when it waits.
                 pending[request_id] = (target, request, now + self._request_timeout)
                 continue
-            _reject(
+            self._reject(
                 target,
+                request,
                 Timeout(
                     f"bookie {self.address}: no answer within {self._request_timeout:g} s to "
                     f"{_describe(request, request_id)}"
@@ -505,30 +529,48 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._timer = None
         pending, self._pending = self._pending, {}
         self._outbox.clear()
-        for target, _, _ in pending.values():
-            _reject(target, self._unavailable())
+        for target, request, _ in pending.values():
+            self._reject(target, request, self._unavailable())
         self._wake_drainers()
 
     def _unavailable(self) -> BookieUnavailable:
         return BookieUnavailable(f"bookie {self.address}: {self._failure}")
 
+    def _reject(self, target: _Target, request: _Sent, error: TallyError) -> None:
+        if callable(target):
+            self._loop.call_soon(target, request.entry_id, error)
+        elif isinstance(target, _Stream):
+            target.push(error)
+        elif not target.done():
+            target.set_exception(error)
 
-def _reject(target: _Target, error: TallyError) -> None:
-    if isinstance(target, _Stream):
-        target.push(error)
-    elif not target.done():
-        target.set_exception(error)
+
+def _acknowledge(answered: AddAnswered, entry_id: int, address: str) -> None:
+    """A writer's callback fails alone: the other answers in the same receive still count."""
+    try:
+        answered(entry_id, None)
+    except Exception:
+        log.exception("bookie %s: an add's acknowledgement callback failed", address)
 
 
-def _describe(request: Request, request_id: int) -> str:
-    """The request sent as `request_id` (a prepared ADD's request carries id 0)."""
+def _settle(future: asyncio.Future[None], entry_id: int, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _describe(request: _Sent, request_id: int) -> str:
+    """The request sent as `request_id` (a prepared ADD carries none of its own)."""
     return (
         f"{request.operation.name} request {request_id} "
         f"(ledger {request.ledger_id}, entry {request.entry_id})"
     )
 
 
-def _mismatch(response: Response, request: Request, request_id: int) -> str:
+def _mismatch(response: Response, request: _Sent, request_id: int) -> str:
     return (
         f"{response.operation.name} response {response.request_id} (ledger "
         f"{response.ledger_id}, entry {response.entry_id}) does not answer "

@@ -15,7 +15,7 @@ failures prove nothing about what it stores.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from tally.core.answers import Answer
@@ -193,15 +193,22 @@ class FencingTracker:
 
 @dataclass(slots=True)
 class _Add:
+    """One entry's answers, a bit per ensemble position in each mask: a writer keeps one
+    per add in flight, so they are ints rather than two sets made for every entry."""
+
     write_set: tuple[int, ...]
-    acked: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)
+    acked: int = 0
+    failed: int = 0
 
     def settled(self) -> bool:
-        return len(self.acked) + len(self.failed) == len(self.write_set)
+        return (self.acked | self.failed).bit_count() == len(self.write_set)
+
+    def failed_positions(self) -> list[int]:
+        return [p for p in self.write_set if self.failed >> p & 1]
 
     def unanswered(self) -> list[int]:
-        return sorted(p for p in self.write_set if p not in self.acked and p not in self.failed)
+        answered = self.acked | self.failed
+        return sorted(p for p in self.write_set if not answered >> p & 1)
 
 
 class PendingAdds:
@@ -248,6 +255,10 @@ class PendingAdds:
         self._adds: dict[int, _Add] = {}
         self._under_replicated: set[tuple[int, int]] = set()
         self._in_flight = 0
+        self._write_sets = tuple(
+            write_set(entry_id, ensemble_size, write_quorum) for entry_id in range(ensemble_size)
+        )
+        """Entry e's write set is the (e mod E)-th: one lookup per add."""
 
     @property
     def last_add_confirmed(self) -> int:
@@ -268,7 +279,7 @@ class PendingAdds:
         return frozenset(
             position
             for entry_id in range(self._lac + 1, self._next_entry_id)
-            for position in self._adds[entry_id].failed
+            for position in self._adds[entry_id].failed_positions()
         )
 
     def add(self, entry_id: int) -> tuple[int, ...]:
@@ -277,27 +288,33 @@ class PendingAdds:
             raise BadRequest(
                 f"entry {entry_id} added, but the next entry id is {self._next_entry_id}"
             )
-        positions = write_set(entry_id, self.ensemble_size, self.write_quorum)
+        positions = self._write_sets[entry_id % self.ensemble_size]
         self._adds[entry_id] = _Add(positions)
         self._next_entry_id += 1
         return positions
 
-    def ack(self, entry_id: int, position: int) -> None:
-        """Record that the bookie at `position` stored `entry_id` (repeats are harmless)."""
+    def ack(self, entry_id: int, position: int) -> bool:
+        """Record that the bookie at `position` stored `entry_id` (repeats are harmless);
+        True when this ack completes the entry after the LAC, so `release` has work: most
+        acks (the others of an entry, those of entries behind a gap) leave it nothing."""
         add = self._lookup(entry_id, position)
-        if add is None or position in add.failed or position in add.acked:
-            return
-        add.acked.add(position)
+        bit = 1 << position
+        if add is None or (add.acked | add.failed) & bit:
+            return False
+        add.acked |= bit
         if entry_id <= self._lac:
             self._in_flight -= 1
-        self._forget_if_done(entry_id, add)
+            self._forget_if_done(entry_id, add)
+            return False
+        return entry_id == self._lac + 1 and add.acked.bit_count() == self.ack_quorum
 
     def failed(self, entry_id: int, position: int) -> None:
         """Record that the bookie at `position` failed to store `entry_id`."""
         add = self._lookup(entry_id, position)
-        if add is None or position in add.acked or position in add.failed:
+        bit = 1 << position
+        if add is None or (add.acked | add.failed) & bit:
             return
-        add.failed.add(position)
+        add.failed |= bit
         if entry_id <= self._lac:
             self._in_flight -= 1
             self._under_replicated.add((entry_id, position))
@@ -307,12 +324,15 @@ class PendingAdds:
         """Confirm and return the entries that now extend the LAC, in order."""
         released: list[int] = []
         while (add := self._adds.get(self._lac + 1)) is not None and (
-            len(add.acked) >= self.ack_quorum
+            add.acked.bit_count() >= self.ack_quorum
         ):
             self._lac += 1
             released.append(self._lac)
-            self._in_flight += len(add.write_set) - len(add.acked) - len(add.failed)
-            self._under_replicated.update((self._lac, position) for position in add.failed)
+            self._in_flight += len(add.write_set) - (add.acked | add.failed).bit_count()
+            if add.failed:
+                self._under_replicated.update(
+                    (self._lac, position) for position in add.failed_positions()
+                )
             self._forget_if_done(self._lac, add)
         return tuple(released)
 
@@ -325,8 +345,8 @@ class PendingAdds:
         for entry_id in range(self._lac + 1, self._next_entry_id):
             add = self._adds[entry_id]
             if position in add.write_set:
-                add.acked.discard(position)
-                add.failed.discard(position)
+                add.acked &= ~(1 << position)
+                add.failed &= ~(1 << position)
                 resend.append(entry_id)
         return tuple(resend)
 

@@ -72,6 +72,7 @@ from tally.core.protocol.entry_lists import (
 )
 from tally.core.protocol.readers import FrameReader, RequestReader, ResponseReader
 from tally.core.protocol.requests import (
+    ADD_HEAD_SIZE,
     AddRequest,
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
@@ -109,6 +110,7 @@ from tally.core.protocol.wire import (
 )
 
 __all__ = [
+    "ADD_HEAD_SIZE",
     "KEEP_IN_PLACE",
     "MASTER_KEY_SIZE",
     "MAX_FRAME_SIZE",

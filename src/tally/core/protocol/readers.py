@@ -11,16 +11,18 @@ from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.protocol.decoding import REQUEST_DECODERS, RESPONSE_DECODERS, utf8
 from tally.core.protocol.requests import AddRequest, Request
-from tally.core.protocol.responses import ErrorResponse, Response
+from tally.core.protocol.responses import AddResponse, ErrorResponse, Response
 from tally.core.protocol.wire import (
     LENGTH,
     MAX_FRAME_SIZE,
     REQUEST,
     REQUEST_HEADER_SIZE,
     RESPONSE,
+    RESPONSE_BIT,
     RESPONSE_HEADER_SIZE,
     RULES,
     STREAM_END,
+    VERSION,
     WITH_STATE,
     Operation,
     check_header,
@@ -31,6 +33,7 @@ from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 _Message = TypeVar("_Message")
 _Buffer: TypeAlias = bytes | bytearray | memoryview
 _AVAILABILITY_DUMP: Final = int(Operation.AVAILABILITY_DUMP)
+_ADD_RESPONSE: Final = int(Operation.ADD) | RESPONSE_BIT
 
 
 class FrameReader(ABC, Generic[_Message]):
@@ -232,14 +235,35 @@ class RequestReader(FrameReader[Request]):
 class ResponseReader(FrameReader[Response]):
     """The client's side: decodes responses, errors as ErrorResponse."""
 
-    __slots__ = ()
+    __slots__ = ("_ledger_id",)
     _kind = "response"
     _header_size = RESPONSE_HEADER_SIZE
+
+    def __init__(
+        self, max_frame_size: int = MAX_FRAME_SIZE, arenas: ReceiveArenas | None = None
+    ) -> None:
+        super().__init__(max_frame_size, arenas)
+        self._ledger_id = LedgerId(0, 0)
+        """The ledger of the last ADD answered: a writer's answers all name the same one."""
 
     def _decode(self, view: memoryview, start: int, stop: int) -> Response:
         _, version, op_byte, flags, request_id, scope, ledger, entry_id, status = (
             RESPONSE.unpack_from(view, start - LENGTH.size)
         )
+        if (
+            op_byte == _ADD_RESPONSE
+            and not status
+            and not flags
+            and entry_id >= 0
+            and version == VERSION
+            and stop - start == RESPONSE_HEADER_SIZE
+        ):
+            # A replicated add's answers are most of what a client receives: the one
+            # well-formed shape they take is decoded here, past the general checks.
+            ledger_id = self._ledger_id
+            if ledger_id.id != ledger or ledger_id.scope != scope:
+                ledger_id = self._ledger_id = LedgerId(scope, ledger)
+            return AddResponse(request_id, ledger_id, entry_id)
         operation = frame_operation(version, op_byte, response=True)
         try:
             # A response's only flag ends a dump's stream; an error ends any request anyway.
