@@ -33,7 +33,10 @@ from tally.core.protocol import (
     FrameReader,
     GetListOfEntriesOfLedgerRequest,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersRequest,
+    GetListOfEntriesOfLedgersResponse,
     LedgerAvailability,
+    LedgerEntries,
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
@@ -96,12 +99,26 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(ReadLacRequest, request_ids, ledger_ids),
     st.builds(WriteLacRequest, request_ids, ledger_ids, keys, lacs),
     st.builds(GetListOfEntriesOfLedgerRequest, request_ids, ledger_ids),
+    st.builds(
+        GetListOfEntriesOfLedgersRequest,
+        request_ids,
+        st.lists(ledger_ids, min_size=1, max_size=5).map(tuple),
+    ),
     st.builds(AvailabilityDumpRequest, request_ids, st.booleans()),
     st.builds(LedgerInfoRequest, request_ids, ledger_ids),
     st.builds(MetadataCopyRequest, request_ids, ledger_ids, keys, blobs.filter(bool)),
 )
 
 records = st.builds(LedgerAvailability, ledger_ids, blobs)
+list_records = st.one_of(
+    st.builds(LedgerEntries, ledger_ids, blobs),
+    st.builds(
+        LedgerEntries,
+        ledger_ids,
+        code=st.integers(-(2**31), 2**31 - 1).filter(bool),
+        message=st.text(max_size=40),
+    ),
+)
 state_records = st.one_of(
     st.builds(StateRecord.cookie_of, blobs),
     st.builds(
@@ -123,7 +140,7 @@ state_records = st.one_of(
 def error_responses(draw: st.DrawFn) -> ErrorResponse:
     operation = draw(st.sampled_from(Operation))
     ledger_id = LedgerId(0, 0)
-    if operation is not Operation.AVAILABILITY_DUMP:
+    if operation not in (Operation.AVAILABILITY_DUMP, Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS):
         ledger_id = draw(ledger_ids)
     entry_id = 0
     if operation is Operation.ADD:
@@ -142,6 +159,11 @@ responses: st.SearchStrategy[Response] = st.one_of(
     st.builds(ReadLacResponse, request_ids, ledger_ids, lacs),
     st.builds(WriteLacResponse, request_ids, ledger_ids),
     st.builds(GetListOfEntriesOfLedgerResponse, request_ids, ledger_ids, blobs),
+    st.builds(
+        GetListOfEntriesOfLedgersResponse,
+        request_ids,
+        st.lists(list_records, max_size=4).map(tuple),
+    ),
     st.builds(
         AvailabilityDumpResponse,
         request_ids,
@@ -173,6 +195,7 @@ SAMPLE_REQUESTS: list[Request] = [
     ReadLacRequest(4, WIDE),
     WriteLacRequest(5, LEDGER, KEY, -1),
     GetListOfEntriesOfLedgerRequest(6, WIDE),
+    GetListOfEntriesOfLedgersRequest(6, (WIDE, LEDGER)),
     AvailabilityDumpRequest(UINT64_MAX),
     AvailabilityDumpRequest(3, with_state=True),
     LedgerInfoRequest(0, LEDGER),
@@ -184,6 +207,13 @@ SAMPLE_RESPONSES: list[Response] = [
     ReadLacResponse(4, WIDE, 17),
     WriteLacResponse(5, LEDGER),
     GetListOfEntriesOfLedgerResponse(6, WIDE, EntryAvailability.span(0, 9).to_bytes()),
+    GetListOfEntriesOfLedgersResponse(
+        6,
+        (
+            LedgerEntries(WIDE, EntryAvailability.span(0, 9).to_bytes()),
+            LedgerEntries.failed(LEDGER, errors.NoSuchLedger("unknown here")),
+        ),
+    ),
     AvailabilityDumpResponse(7, (LedgerAvailability(WIDE, b"abc"),), stream_end=False),
     AvailabilityDumpResponse(7, (), stream_end=True),
     AvailabilityDumpResponse(
@@ -274,6 +304,7 @@ def test_operation_and_flag_numbers_are_stable() -> None:
         "AVAILABILITY_DUMP": 6,
         "LEDGER_INFO": 7,
         "METADATA_COPY": 8,
+        "GET_LIST_OF_ENTRIES_OF_LEDGERS": 9,
     }
     assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END, Flags.WITH_STATE) == (
         1,
@@ -332,6 +363,11 @@ def test_request_layouts_are_byte_exact() -> None:
         Operation.AVAILABILITY_DUMP, ledger_id=LedgerId(0, 0)
     )
     assert LedgerInfoRequest(9, LEDGER).encode() == request_frame(Operation.LEDGER_INFO)
+    assert GetListOfEntriesOfLedgersRequest(9, (WIDE, LEDGER)).encode() == request_frame(
+        Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS,
+        struct.pack(">QQQQ", WIDE.scope, WIDE.id, LEDGER.scope, LEDGER.id),
+        ledger_id=LedgerId(0, 0),
+    )
     assert MetadataCopyRequest(9, LEDGER, KEY, b"copy").encode() == request_frame(
         Operation.METADATA_COPY, KEY + b"copy"
     )
@@ -348,6 +384,17 @@ def test_response_layouts_are_byte_exact() -> None:
     record = struct.pack(">QQI", WIDE.scope, WIDE.id, 3) + b"xyz"
     assert dump.encode() == response_frame(
         Operation.AVAILABILITY_DUMP, record, flags=Flags.STREAM_END, ledger_id=LedgerId(0, 0)
+    )
+    lists = GetListOfEntriesOfLedgersResponse(
+        9, (LedgerEntries(WIDE, b"xyz"), LedgerEntries(LEDGER, code=7, message="é"))
+    )
+    assert lists.encode() == response_frame(
+        Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS,
+        struct.pack(">QQiI", WIDE.scope, WIDE.id, 0, 3)
+        + b"xyz"
+        + struct.pack(">QQiI", LEDGER.scope, LEDGER.id, 7, 2)
+        + "é".encode(),
+        ledger_id=LedgerId(0, 0),
     )
     error = ErrorResponse(Operation.READ, 9, LEDGER, -1, 13, "no entry é")
     assert error.encode() == response_frame(
@@ -389,6 +436,7 @@ def test_a_fencing_read_carries_the_key() -> None:
 
 def test_only_a_dump_batch_without_stream_end_leaves_the_request_open() -> None:
     assert [response.final for response in SAMPLE_RESPONSES] == [
+        True,
         True,
         True,
         True,

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from ssl import SSLContext
 from typing import Any, Final, TypeAlias
@@ -42,7 +42,10 @@ from tally.core.protocol import (
     ErrorResponse,
     GetListOfEntriesOfLedgerRequest,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersRequest,
+    GetListOfEntriesOfLedgersResponse,
     LedgerAvailability,
+    LedgerEntries,
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
@@ -57,6 +60,7 @@ from tally.core.protocol import (
     ResponseReader,
     StateRecord,
     WriteLacRequest,
+    answered_prefix,
 )
 from tally.core.protocol.dump import DumpRecord
 from tally.core.protocol.wire import EntryBytes
@@ -255,6 +259,18 @@ class BookieConnection(asyncio.BufferedProtocol):
             lambda request_id: GetListOfEntriesOfLedgerRequest(request_id, ledger_id)
         )
         return response.entries()
+
+    async def get_lists_of_entries(
+        self, ledger_ids: Sequence[LedgerId]
+    ) -> tuple[LedgerEntries, ...]:
+        """What the bookie holds of each of a prefix of `ledger_ids` (1..MAX_LEDGERS_PER_LIST),
+        in their order: ask again for the rest. A bookie too old to know the operation closes
+        the connection (BookieUnavailable)."""
+        asked = tuple(ledger_ids)
+        response: GetListOfEntriesOfLedgersResponse = await self._call(
+            lambda request_id: GetListOfEntriesOfLedgersRequest(request_id, asked)
+        )
+        return answered_prefix(asked, response.records)
 
     async def ledger_info(self, ledger_id: LedgerId) -> LedgerInfo:
         response: LedgerInfoResponse = await self._call(

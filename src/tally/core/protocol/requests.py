@@ -9,6 +9,7 @@ from tally.core.digest import crc32c
 from tally.core.entry_format import peek_header
 from tally.core.errors import BadDigest, BadRequest
 from tally.core.ids import LedgerId
+from tally.core.protocol.entry_lists import encode_ledger_ids
 from tally.core.protocol.wire import (
     ADD,
     DO_FENCING,
@@ -265,6 +266,22 @@ class AvailabilityDumpRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class GetListOfEntriesOfLedgersRequest:
+    """Ask which entries of each of `ledger_ids` the bookie's index has, in one request
+    (entry_lists.py): the replicas check's question, batched."""
+
+    operation: ClassVar[Operation] = Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS
+    request_id: int
+    ledger_ids: tuple[LedgerId, ...]
+    ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        body = encode_ledger_ids(self.ledger_ids, self)
+        return request_frame(self, NO_FLAGS, body, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerInfoRequest(_LedgerQuery):
     """Ask what the bookie knows of one ledger: fenced, LAC, entries and bytes stored."""
 
@@ -297,6 +314,7 @@ Request: TypeAlias = (
     | ReadLacRequest
     | WriteLacRequest
     | GetListOfEntriesOfLedgerRequest
+    | GetListOfEntriesOfLedgersRequest
     | AvailabilityDumpRequest
     | LedgerInfoRequest
     | MetadataCopyRequest
