@@ -1,22 +1,28 @@
 """Measure the online replicas check over many closed ledgers on real bookies, beside the
-physical limit measured in the same run (issue 7).
+physical limits measured in the same run (issues 7 and 21).
 
 Three `tally bookie` processes on loopback, a sqlite metadata store, and `--ledgers` closed
 ledgers (E=3 WQ=2 AQ=2, `--entries` small entries each) written through `tally.Client`.
-Then full `replicas_check` runs: ledgers checked per second, with the default
-AutoRecoveryConfig limits (32 bookie requests and 100 metadata reads in flight) and with
-both limits raised to `--window`, which shows what the limits cost and what the check
-itself costs. Each ledger takes one GET_LIST_OF_ENTRIES_OF_LEDGER request to each of its
-three bookies.
+Then full `replicas_check` runs, each in a fresh process of its own (`--run-check`, the same
+harness for every code under test): ledgers checked per second and the checker's CPU per
+ledger, with the default AutoRecoveryConfig limits (32 bookie requests and 100 metadata
+reads in flight, so pages of 50 ledgers). The check asks each bookie once per page of
+ledgers (GET_LIST_OF_ENTRIES_OF_LEDGERS); with `--baseline DIR` (the `src` of a checkout of
+the code before, e.g. a `git worktree add /tmp/ab-replicas main`), that code's check runs
+too, on the same cluster, turns alternating, `--turns` of each.
 
-The physical reference, same run: the raw GET_LIST_OF_ENTRIES_OF_LEDGER request/reply rate
-of one bookie through one `BookieConnection`, `--window` requests in flight (pipelined),
-over the same ledgers; beside it, the requests/s the check made. With at least four cores
-the three bookies answer in parallel and the check's ceiling, in ledgers/s, is that raw
-rate itself; with fewer, the bookies and the checker share the cores and the ceiling is
-nearer a third of it (three requests per ledger), so the run prints the cores it had.
+The physical references, same run, one bookie through one `BookieConnection`, `--window`
+requests in flight (pipelined), cycling over the same ledgers:
+- the raw GET_LIST_OF_ENTRIES_OF_LEDGERS rate in ledgers/s, lists of `--list-size` (the
+  check's page, 50) ledgers: how fast one bookie, one process on one core, answers the
+  check's question. Each ledger is asked of its three bookies, which share this machine's
+  cores (with the checker too), so the ceiling the run prints is that rate x min(cores, 3)
+  / 3: two thirds of it on 2 cores, the rate itself with 3 or more;
+- the raw GET_LIST_OF_ENTRIES_OF_LEDGER request/reply rate (one ledger a request), the
+  ceiling of a check that asks per ledger (the code before issue 21);
+- the walk alone: every ledger's metadata read page by page, as the check reads it.
 
-    python bench/bench_replicas_check.py [--ledgers 10000] [--entries 4] [--dir D]
+    python bench/bench_replicas_check.py [--ledgers 10000] [--entries 4] [--baseline DIR]
 
 The default run takes about two minutes (most of it writing the ledgers). `main()` returns the
 figures as a dict.
@@ -26,14 +32,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +58,8 @@ BOOKIES = 3
 PASSWORD = b"bench-replicas-check"
 WRITERS = 64
 """Ledgers written at once."""
+PAGE = AutoRecoveryConfig().auditor_max_concurrent_metadata_reads // 2
+"""The check's page of ledgers with the default limits."""
 
 
 async def write_ledgers(client: Client, count: int, entries: int) -> list[LedgerId]:
@@ -71,13 +80,15 @@ async def write_ledgers(client: Client, count: int, entries: int) -> list[Ledger
     return written
 
 
-async def raw_list_rate(
-    address: str, ledgers: Sequence[LedgerId], window: int, seconds: float
+async def raw_rate(
+    address: str,
+    ask: Callable[[BookieConnection, int], Awaitable[object]],
+    window: int,
+    seconds: float,
 ) -> float:
-    """GET_LIST_OF_ENTRIES_OF_LEDGER answers/s of one bookie, `window` in flight, cycling
-    through `ledgers`, after a warm-up of a tenth of the run."""
+    """Answers/s of one bookie to `ask(connection, n)` (the n-th request), `window` in
+    flight, after a warm-up of a tenth of the run."""
     connection = await BookieConnection.connect(address)
-    ask = connection.get_list_of_entries
     clock = time.perf_counter
     try:
         sent = 0
@@ -85,7 +96,7 @@ async def raw_list_rate(
         def issue() -> asyncio.Future[object]:
             nonlocal sent
             sent += 1
-            return asyncio.ensure_future(ask(ledgers[sent % len(ledgers)]))
+            return asyncio.ensure_future(ask(connection, sent))
 
         in_flight = deque(issue() for _ in range(window))
         warm_up = clock() + seconds / 10
@@ -98,7 +109,7 @@ async def raw_list_rate(
             await in_flight.popleft()
             in_flight.append(issue())
             answered += 1
-            if not answered % 100 and clock() >= deadline:
+            if not answered % 10 and clock() >= deadline:
                 break
         elapsed = clock() - started
         for future in in_flight:
@@ -108,104 +119,171 @@ async def raw_list_rate(
         await connection.close()
 
 
-async def timed_check(client: Client, config: AutoRecoveryConfig, ledgers: int) -> Check:
-    cpu = time.process_time()
-    report = await replicas_check(client.context, config)
-    cpu = time.process_time() - cpu
+async def walk_rate(client: Client, ledgers: int) -> float:
+    """Ledgers/s of the check's metadata walk alone: every page read and decoded."""
+    started = time.perf_counter()
+    seen = 0
+    async for page in client.context.ledgers.ledger_pages(PAGE):
+        seen += len(page.ledgers)
+    if seen != ledgers:
+        raise RuntimeError(f"the walk saw {seen} ledgers, {ledgers} were written")
+    return ledgers / (time.perf_counter() - started)
+
+
+def timed_check(code: Path, metadata: str, ledgers: int) -> dict[str, float]:
+    """One full check by the code in `code` (a `src` directory), in a process of its own."""
+    environment = dict(os.environ, PYTHONPATH=f"{code}:{REPO}")
+    done = subprocess.run(
+        [sys.executable, __file__, "--run-check", metadata, "--ledgers", str(ledgers)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"the check of {code} failed:\n{done.stderr}")
+    figures: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return figures
+
+
+async def run_check(metadata: str, ledgers: int) -> dict[str, float]:
+    """`--run-check`: one full check with the default limits; its rate and CPU."""
+    async with Client(metadata) as client:
+        cpu = time.process_time()
+        report = await replicas_check(client.context, AutoRecoveryConfig())
+        cpu = time.process_time() - cpu
     if report.ledgers_checked != ledgers or any(report.counts.values()):
         raise RuntimeError(f"unexpected replicas check result: {report}")
-    return Check(ledgers / report.duration_s, report.duration_s, cpu / ledgers)
+    return {
+        "ledgers_per_s": ledgers / report.duration_s,
+        "seconds": report.duration_s,
+        "cpu_us_per_ledger": cpu / ledgers * 1e6,
+    }
 
 
-@dataclass(frozen=True)
-class Check:
-    ledgers_per_s: float
-    seconds: float
-    cpu_per_ledger: float
-    """Seconds of this process's CPU per ledger checked."""
-
-
-async def measure(
-    metadata: str, address: str, ledgers: int, entries: int, window: int, seconds: float
+async def prepare(
+    metadata: str,
+    address: str,
+    ledgers: int,
+    entries: int,
+    window: int,
+    list_size: int,
+    seconds: float,
 ) -> dict[str, float]:
+    """Write the ledgers, then measure the physical references on them."""
     async with Client(metadata) as client:
         started = time.perf_counter()
         written = await write_ledgers(client, ledgers, entries)
         write_s = time.perf_counter() - started
-        raw = await raw_list_rate(address, written, window, seconds)
-        checks = {
-            "default": await timed_check(client, AutoRecoveryConfig(), ledgers),
-            "raised": await timed_check(
-                client,
-                AutoRecoveryConfig(
-                    auditor_max_concurrent_bookie_requests=window,
-                    auditor_max_concurrent_metadata_reads=window,
-                ),
-                ledgers,
-            ),
-        }
-    figures = {
+        walk = await walk_rate(client, ledgers)
+    lists = [written[i : i + list_size] for i in range(0, len(written), list_size)]
+    raw_lists = await raw_rate(
+        address,
+        lambda connection, n: connection.get_lists_of_entries(lists[n % len(lists)]),
+        max(1, window // list_size),
+        seconds,
+    )
+    raw_single = await raw_rate(
+        address,
+        lambda connection, n: connection.get_list_of_entries(written[n % len(written)]),
+        window,
+        seconds,
+    )
+    return {
         "ledgers": float(ledgers),
         "write_ledgers_per_s": ledgers / write_s,
-        "raw_list_requests_per_s": raw,
+        "walk_ledgers_per_s": walk,
+        "raw_list_ledgers_per_s": raw_lists * list_size,
+        "raw_single_requests_per_s": raw_single,
     }
-    for name, check in checks.items():
-        figures |= {
-            f"check_{name}_ledgers_per_s": check.ledgers_per_s,
-            f"check_{name}_seconds": check.seconds,
-            f"check_{name}_cpu_us_per_ledger": check.cpu_per_ledger * 1e6,
-            f"check_{name}_requests_to_raw_ratio": BOOKIES * check.ledgers_per_s / raw,
-        }
-    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ledgers", type=int, default=10_000, help="closed ledgers to check")
     parser.add_argument("--entries", type=int, default=4, help="entries per ledger")
-    parser.add_argument("--window", type=int, default=1_000, help="raw requests in flight")
-    parser.add_argument("--seconds", type=float, default=4.0, help="length of the raw rate")
+    parser.add_argument("--window", type=int, default=1_000, help="raw ledgers in flight")
+    parser.add_argument("--list-size", type=int, default=PAGE, help="ledgers per raw list")
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each raw rate")
+    parser.add_argument("--turns", type=int, default=2, help="checks of each code")
+    parser.add_argument("--baseline", type=Path, help="the src of the code before (A/B)")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (temp)")
+    parser.add_argument("--run-check", metavar="METADATA", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.run_check:
+        figures = asyncio.run(run_check(args.run_check, args.ledgers))
+        print(json.dumps(figures))
+        return figures
 
+    codes = {"this code": REPO / "src"}
+    if args.baseline is not None:
+        codes["baseline"] = args.baseline.resolve()
     scratch = Path(tempfile.mkdtemp(prefix="bench-replicas-check-", dir=args.dir))
     print(f"scratch {scratch}, python {sys.version.split()[0]}, {os.cpu_count()} cores")
     bookies: list[BookieProcess] = []
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
     try:
         metadata = init_cluster(scratch)
         bookies = [BookieProcess(metadata, scratch / f"bookie-{i}").start() for i in range(BOOKIES)]
         figures = asyncio.run(
-            measure(
-                metadata, bookies[0].address, args.ledgers, args.entries, args.window, args.seconds
+            prepare(
+                metadata,
+                bookies[0].address,
+                args.ledgers,
+                args.entries,
+                args.window,
+                args.list_size,
+                args.seconds,
             )
         )
+        for turn in range(args.turns):
+            for name, code in codes.items():
+                runs[name].append(timed_check(code, metadata, args.ledgers))
+                print(f"turn {turn + 1}, {name}: {runs[name][-1]}", flush=True)
     finally:
         for bookie in bookies:
             bookie.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
-    raw = figures["raw_list_requests_per_s"]
+    raw_lists = figures["raw_list_ledgers_per_s"]
+    raw_single = figures["raw_single_requests_per_s"]
+    cores = os.cpu_count() or 1
+    ceiling = raw_lists * min(cores, BOOKIES) / BOOKIES
+    figures["ceiling_ledgers_per_s"] = ceiling
     print("\n| figure | value | physical reference (same run) | ratio |\n|---|---|---|---|")
-    for name, limits in (
-        ("default", "default limits (32 bookie requests, 100 metadata reads)"),
-        ("raised", f"limits raised to {args.window:,}"),
-    ):
-        rate = figures[f"check_{name}_ledgers_per_s"]
+    for name, checks in runs.items():
+        best = max(checks, key=lambda check: check["ledgers_per_s"])
+        rate = best["ledgers_per_s"]
+        shown = ", ".join(f"{check['ledgers_per_s']:,.0f}" for check in checks)
+        figures |= {
+            f"check_{name}_ledgers_per_s": rate,
+            f"check_{name}_cpu_us_per_ledger": best["cpu_us_per_ledger"],
+        }
         print(
-            f"| replicas check, {args.ledgers:,} closed ledgers (E=3 WQ=2 AQ=2, "
-            f"{args.entries} entries), {limits} | {rate:,.0f} ledgers/s "
-            f"({figures[f'check_{name}_seconds']:.1f} s; checker CPU "
-            f"{figures[f'check_{name}_cpu_us_per_ledger']:.0f} us per ledger), so "
-            f"{BOOKIES * rate:,.0f} requests/s "
-            f"| raw GET_LIST_OF_ENTRIES_OF_LEDGER, one bookie, {args.window:,} in flight: "
-            f"{raw:,.0f} /s ({os.cpu_count()} cores) "
-            f"| {figures[f'check_{name}_requests_to_raw_ratio']:.2f} (requests/s); "
-            f"{rate / raw:.2f} (ledgers/s) |"
+            f"| replicas check ({name}), {args.ledgers:,} closed ledgers (E=3 WQ=2 AQ=2, "
+            f"{args.entries} entries), default limits | {rate:,.0f} ledgers/s, best of "
+            f"{len(checks)} ({shown}); checker CPU {best['cpu_us_per_ledger']:.0f} us per "
+            f"ledger | the three bookies' ceiling on {cores} cores: one bookie (one core) "
+            f"answers GET_LIST_OF_ENTRIES_OF_LEDGERS, lists of {args.list_size}, at "
+            f"{raw_lists:,.0f} ledgers/s, x {min(cores, BOOKIES)} cores / {BOOKIES} bookies "
+            f"= {ceiling:,.0f} ledgers/s | {rate / ceiling:.2f} |"
         )
+    print(
+        f"| one bookie answering GET_LIST_OF_ENTRIES_OF_LEDGER (one ledger a request), "
+        f"{args.window:,} in flight | {raw_single:,.0f} ledgers/s | the lists above "
+        f"| {raw_single / raw_lists:.2f} |"
+    )
+    print(
+        f"| the walk alone: metadata pages of {PAGE}, read and decoded "
+        f"| {figures['walk_ledgers_per_s']:,.0f} ledgers/s | | |"
+    )
     print(
         f"| writing those ledgers ({WRITERS} at a time) "
         f"| {figures['write_ledgers_per_s']:,.0f} ledgers/s | | |"
     )
+    if "baseline" in runs:
+        ratio = figures["check_this code_ledgers_per_s"] / figures["check_baseline_ledgers_per_s"]
+        print(f"\nthis code / baseline: {ratio:.2f}x")
     return figures
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,10 @@ from tally.client.client import Client
 from tally.client.config import ClientConfig
 from tally.core.availability import EntryAvailability
 from tally.core.digest import master_key
+from tally.core.errors import BookieUnavailable, LedgerInLimbo, Timeout
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category, OverReplication, Violation
+from tally.core.protocol import LedgerEntries
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.paths import READONLY, WRITABLE
@@ -141,12 +143,13 @@ async def _check(
     clock: Callable[[], float] = lambda: NOW,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     before_request: Callable[[str, LedgerId], Awaitable[None]] | None = None,
+    answer_list: ListAnswer | None = None,
 ) -> tuple[ReplicasCheckReport, _RecordingPool, dict[LedgerId, frozenset[str]]]:
     """Run the check in a client of its own; the report, what the bookies were asked, and
     the under-replication marks afterwards."""
     async with Client(cluster.uri, config=client_config) as client:
         context = client.context
-        pool = _RecordingPool(context.bookies, before_request)
+        pool = _RecordingPool(context.bookies, before_request, answer_list)
         context.bookies = pool  # type: ignore[assignment]
         try:
             report = await replicas_check(context, config, clock=clock, sleep=sleep)
@@ -159,20 +162,29 @@ async def _check(
         return report, pool, marks
 
 
+ListAnswer = Callable[[str, tuple[LedgerId, ...], Any], Awaitable[tuple[LedgerEntries, ...]]]
+"""Answers a list of entries of ledgers in a bookie's place: (bookie, ledgers, connection)."""
+
+
 class _RecordingPool:
-    """The check's bookie pool, recording each GET_LIST_OF_ENTRIES_OF_LEDGER and the most
-    in flight at once; `before_request` runs first (a test acting at that moment)."""
+    """The check's bookie pool, recording each ledger asked (by GET_LIST_OF_ENTRIES_OF_LEDGER
+    or in a GET_LIST_OF_ENTRIES_OF_LEDGERS), each list, and the most requests in flight at
+    once; `before_request` runs first for each ledger (a test acting at that moment), and
+    `answer_list` answers the lists when given (a test's faulty or old bookie)."""
 
     def __init__(
         self,
         pool: BookiePool,
         before_request: Callable[[str, LedgerId], Awaitable[None]] | None = None,
+        answer_list: ListAnswer | None = None,
     ) -> None:
         self.pool = pool
         self.asked: list[tuple[str, LedgerId]] = []
+        self.lists: list[tuple[str, tuple[LedgerId, ...]]] = []
         self.in_flight = 0
         self.most_in_flight = 0
         self._before_request = before_request
+        self._answer_list = answer_list
 
     async def get(self, bookie_id: str) -> _RecordingConnection:
         return _RecordingConnection(self, bookie_id, await self.pool.get(bookie_id))
@@ -185,15 +197,32 @@ class _RecordingConnection:
         self._connection = connection
 
     async def get_list_of_entries(self, ledger_id: LedgerId) -> EntryAvailability:
+        entries: EntryAvailability = await self._counted(
+            [ledger_id], self._connection.get_list_of_entries(ledger_id)
+        )
+        return entries
+
+    async def get_lists_of_entries(self, ledger_ids: Sequence[LedgerId]) -> Any:
         pool = self._pool
-        pool.asked.append((self._bookie_id, ledger_id))
-        if pool._before_request is not None:
-            await pool._before_request(self._bookie_id, ledger_id)
+        pool.lists.append((self._bookie_id, tuple(ledger_ids)))
+        answer = (
+            pool._answer_list(self._bookie_id, tuple(ledger_ids), self._connection)
+            if pool._answer_list is not None
+            else self._connection.get_lists_of_entries(ledger_ids)
+        )
+        return await self._counted(ledger_ids, answer)
+
+    async def _counted(self, ledger_ids: Sequence[LedgerId], request: Awaitable[Any]) -> Any:
+        """Record the ledgers asked, then count the request in flight while it runs."""
+        pool = self._pool
+        for ledger_id in ledger_ids:
+            pool.asked.append((self._bookie_id, ledger_id))
+            if pool._before_request is not None:
+                await pool._before_request(self._bookie_id, ledger_id)
         pool.in_flight += 1
         pool.most_in_flight = max(pool.most_in_flight, pool.in_flight)
         try:
-            entries: EntryAvailability = await self._connection.get_list_of_entries(ledger_id)
-            return entries
+            return await request
         finally:
             pool.in_flight -= 1
 
@@ -237,6 +266,7 @@ async def test_a_healthy_cluster_has_no_findings(cluster: Cluster) -> None:
     assert marks == {}
     assert {ledger for _, ledger in pool.asked} == {record.ledger_id for record in closed}
     assert len(pool.asked) == 3 * len(closed)  # each bookie once per ledger
+    assert len(pool.lists) == 3  # in one list per bookie: the ledgers fit one page
     assert _gauges() == dict.fromkeys(GAUGES, 0.0)
     assert report.over_replicated == ()
     assert _over_replication_gauges() == dict.fromkeys(OVER_REPLICATION_GAUGES, 0.0)
@@ -433,6 +463,82 @@ async def test_a_paused_registered_bookie_is_reported_after_the_retry(
     # spares the bookie the other ledgers' requests.
     asked_stalled = [ledger for bookie, ledger in pool.asked if bookie == stalled]
     assert 2 <= len(asked_stalled) <= 2 * len(records)
+
+
+async def test_a_bookie_that_fails_in_the_middle_of_a_list_leaves_its_ledgers_unknown(
+    cluster: Cluster,
+) -> None:
+    """One bookie's list answers the first ledger, fails on the second (an error record) and
+    answers the third: the second is unknown, never missing. It is set aside and asked again
+    after the retry delay, one ledger at a time, and judged healthy; nothing is marked. A
+    list that fails as a whole (a timeout) leaves all its ledgers unknown in the same way."""
+    records = await _write(cluster, (3, 2, 2), 3)
+    ids = [record.ledger_id for record in records]
+    faulty = cluster.bookies[0].address
+
+    async def fail_the_second(
+        bookie: str, ledgers: tuple[LedgerId, ...], connection: Any
+    ) -> tuple[LedgerEntries, ...]:
+        answered: tuple[LedgerEntries, ...] = await connection.get_lists_of_entries(ledgers)
+        if bookie != faulty:
+            return answered
+        limbo = LedgerInLimbo(f"ledger {ledgers[1]} is in limbo")
+        return (answered[0], LedgerEntries.failed(ledgers[1], limbo), *answered[2:])
+
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    report, pool, marks = await _check(cluster, _config(), sleep=sleep, answer_list=fail_the_second)
+    assert sleeps == [0.05]
+    assert report.counts == _counts()
+    assert report.findings == ()
+    assert marks == {}
+    assert sorted(pool.lists) == sorted((b.address, tuple(ids)) for b in cluster.bookies)
+    again = [ledger for bookie, ledger in pool.asked[len(ids) * 3 :] if bookie == faulty]
+    assert again == [ids[1]]  # the others were answered in the list
+
+    async def time_out(
+        bookie: str, ledgers: tuple[LedgerId, ...], connection: Any
+    ) -> tuple[LedgerEntries, ...]:
+        if bookie == faulty:
+            raise Timeout(f"bookie {bookie}: no answer")
+        answered: tuple[LedgerEntries, ...] = await connection.get_lists_of_entries(ledgers)
+        return answered
+
+    sleeps.clear()
+    report, pool, marks = await _check(cluster, _config(), sleep=sleep, answer_list=time_out)
+    assert sleeps == [0.05]
+    assert report.counts == _counts()
+    assert marks == {}
+    retried = [ledger for bookie, ledger in pool.asked[len(ids) * 3 :] if bookie == faulty]
+    assert sorted(retried) == ids
+
+
+async def test_a_bookie_too_old_for_lists_is_asked_one_ledger_at_a_time(cluster: Cluster) -> None:
+    """A bookie that does not know GET_LIST_OF_ENTRIES_OF_LEDGERS closes the connection on
+    it; the check then asks it per ledger for the rest of the run, and still finds the
+    copies it lacks."""
+    healthy, damaged = await _write(cluster, (3, 3, 2), 2)
+    old = _holders(damaged, 2)[0]
+    await asyncio.to_thread(_forget, cluster, {old: {damaged.ledger_id: [2]}})
+
+    async def too_old(
+        bookie: str, ledgers: tuple[LedgerId, ...], connection: Any
+    ) -> tuple[LedgerEntries, ...]:
+        if bookie == old:
+            await connection.close()  # as its reader does on an unknown operation
+            raise BookieUnavailable(f"bookie {bookie}: connection closed")
+        answered: tuple[LedgerEntries, ...] = await connection.get_lists_of_entries(ledgers)
+        return answered
+
+    report, pool, marks = await _check(cluster, _config(), answer_list=too_old)
+    assert report.counts == _counts(below_write_quorum=1)
+    assert marks == {damaged.ledger_id: {old}}
+    assert [bookie for bookie, _ in pool.lists].count(old) == 1
+    one_by_one = [ledger for bookie, ledger in pool.asked[6:] if bookie == old]
+    assert sorted(set(one_by_one)) == sorted([healthy.ledger_id, damaged.ledger_id])
 
 
 # -- metadata that changes under the check -------------------------------------------------

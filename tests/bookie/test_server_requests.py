@@ -28,6 +28,7 @@ from tally.core.errors import (
 from tally.core.ids import LedgerId
 from tally.core.protocol import (
     KEEP_IN_PLACE,
+    MAX_LEDGERS_PER_LIST,
     RESPONSE_HEADER_SIZE,
     AddRequest,
     AvailabilityDumpRequest,
@@ -117,6 +118,40 @@ async def test_unknown_ledger_and_unknown_entry(bookie: BookieUnderTest) -> None
         ):
             with pytest.raises(NoSuchLedger):
                 await call
+
+
+async def test_a_list_of_entries_of_ledgers_answers_each_in_order_over_as_many_replies_as_fit(
+    bookie: BookieUnderTest,
+) -> None:
+    """Known ledgers with their entries, an unknown one as NoSuchLedger in its place; with
+    more than one frame holds (the bookie's frame limit is 16 KiB), a reply answers a prefix
+    and the rest is asked again."""
+    known = [new_ledger() for _ in range(3)]
+    unknown = new_ledger()
+    for number, ledger in enumerate(known):
+        await add_all(bookie.address, [entry(ledger, i) for i in range(number + 1)])
+    asked = [known[0], unknown, *known[1:]]
+    async with connected(bookie.address) as connection:
+        answered = await connection.get_lists_of_entries(asked)
+        assert [record.ledger_id for record in answered] == asked
+        held = {record.ledger_id: record for record in answered}
+        for number, ledger in enumerate(known):
+            assert held[ledger].error() is None
+            assert list(EntryAvailability.from_bytes(held[ledger].availability)) == list(
+                range(number + 1)
+            )
+        assert isinstance(held[unknown].error(), NoSuchLedger)
+
+        scattered = new_ledger()  # 20 runs at growing gaps: a record of about 550 bytes
+        await add_all(bookie.address, [entry(scattered, k * (k + 3)) for k in range(20)])
+        many = [scattered] * MAX_LEDGERS_PER_LIST  # about 70 KiB of records: 5 frames
+        replies = []
+        while many:
+            reply = await connection.get_lists_of_entries(many)
+            replies.append(len(reply))
+            many = many[len(reply) :]
+        assert len(replies) > 1
+        assert sum(replies) == MAX_LEDGERS_PER_LIST
 
 
 async def test_a_re_add_is_idempotent_for_the_reader(bookie: BookieUnderTest) -> None:

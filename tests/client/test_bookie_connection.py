@@ -162,16 +162,13 @@ def inside_receive() -> bool:
 
 
 class Answers:
-    """What `add_prepared` callbacks were told, and whether inside the receive callback."""
+    """What an `add_prepared` callback was told, and whether inside the receive callback."""
 
     def __init__(self) -> None:
         self.told: list[tuple[int, Exception | None, bool]] = []
 
-    def callback(self, entry_id: int) -> Callable[[Exception | None], None]:
-        def answered(error: Exception | None) -> None:
-            self.told.append((entry_id, error, inside_receive()))
-
-        return answered
+    def __call__(self, entry_id: int, error: Exception | None) -> None:
+        self.told.append((entry_id, error, inside_receive()))
 
 
 async def test_a_prepared_add_is_acknowledged_inside_the_receive_its_error_a_turn_later() -> None:
@@ -179,14 +176,14 @@ async def test_a_prepared_add_is_acknowledged_inside_the_receive_its_error_a_tur
         answers = Answers()
         bookie.hold = True
         for i in range(4):
-            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answers.callback(i))
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answers)
         await until(lambda: len(bookie.held) == 4)
         bookie.release([2, 0])
         await until(lambda: len(answers.told) == 2)
         assert answers.told == [(2, None, True), (0, None, True)]
         bookie.errors[LEDGER] = LedgerFenced("fenced")
         bookie.hold = False
-        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 4), KEY), answers.callback(4))
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 4), KEY), answers)
         await until(lambda: len(answers.told) == 3)
         entry_id, error, receiving = answers.told[2]
         assert (entry_id, type(error), receiving) == (4, LedgerFenced, False)
@@ -197,7 +194,7 @@ async def test_a_prepared_add_is_acknowledged_inside_the_receive_its_error_a_tur
             (3, BookieUnavailable, False),
         ]
         told = len(answers.told)
-        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 5), KEY), answers.callback(5))
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, 5), KEY), answers)
         assert len(answers.told) == told  # never before add_prepared returns
         await until(lambda: len(answers.told) == told + 1)
         entry_id, error, _ = answers.told[-1]
@@ -218,9 +215,7 @@ async def test_a_failing_acknowledgement_callback_does_not_lose_the_other_answer
 
         bookie.hold = True
         for i in range(3):
-            connection.add_prepared(
-                PreparedAdd.of(entry(LEDGER, i), KEY), lambda error, i=i: answered(i, error)
-            )
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answered)
         await until(lambda: len(bookie.held) == 3)
         bookie.release()
         await until(lambda: len(acknowledged) == 2)
@@ -298,7 +293,7 @@ async def test_frames_over_the_size_limit() -> None:
         # A writer's ADD, made once for connections of any limit, is refused by this one.
         with pytest.raises(BadRequest, match="over this connection's limit of 1024"):
             connection.add_prepared(
-                PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY), lambda error: None
+                PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY), lambda entry_id, error: None
             )
         assert not bookie.received
         bookie.entries[LEDGER] = {0: bytes(2000)}

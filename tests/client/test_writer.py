@@ -16,9 +16,9 @@ import pytest
 import tally
 from tally.client.config import ClientConfig
 from tally.client.writer import LedgerWriter
-from tally.core.errors import IllegalOperation, TallyError, TooManyRequests
+from tally.core.errors import BadRequest, IllegalOperation, TallyError, TooManyRequests
 from tally.core.ledger_metadata import LedgerState
-from tally.core.protocol import AddRequest, Request
+from tally.core.protocol import MAX_FRAME_SIZE, AddRequest, Request
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerManager, LedgerRecord
 from tally.metadata.underreplication import UnderReplicationManager
@@ -79,6 +79,24 @@ def failures_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
         or "writer stops" in r.getMessage()
         or "never retrieved" in r.getMessage()
     ]
+
+
+@pytest.mark.parametrize("advanced", [False, True])
+async def test_an_entry_too_large_for_a_frame_is_refused_and_the_writer_goes_on(
+    advanced: bool,
+) -> None:
+    async with fake_cluster(3) as cluster, cluster.client(CONFIG) as client:
+        writer = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD, advanced=advanced
+        )
+        ids = {"entry_id": 0} if advanced else {}
+        with pytest.raises(BadRequest, match=r"an entry of 5242880 bytes is over the \d+"):
+            writer.append_nowait(bytes(MAX_FRAME_SIZE), **ids)
+        assert await writer.append(b"small", **ids) == 0
+        assert writer.length == 5
+        await writer.close()
+        assert (await stored(cluster, writer)).metadata.last_entry_id == 0
+        assert all(len(b.entries[writer.ledger_id]) == 1 for b in ensemble_of(cluster, writer))
 
 
 async def test_pipelined_adds_are_confirmed_in_entry_order_at_the_ack_quorum() -> None:

@@ -13,6 +13,7 @@ from tally.core.availability import (
     HEADER_SIZE,
     MAX_ENTRY_ID,
     MAX_SEQUENCE,
+    SMALL_ARRAY,
     EntryAvailability,
     SequenceGroup,
     _group_runs,
@@ -569,3 +570,14 @@ def test_membership_of_non_integers_is_false() -> None:
     assert 1.0 not in HEALTHY
     assert np.int64(1) in HEALTHY
     assert None not in HEALTHY
+
+
+@pytest.mark.parametrize("count", [SMALL_ARRAY - 1, SMALL_ARRAY, SMALL_ARRAY + 1])
+def test_a_few_entries_grouped_in_python_match_the_numpy_grouping(count: int) -> None:
+    """Both sides of SMALL_ARRAY give the canonical groups: runs, periods, a lone entry."""
+    entries = {*range(0, 3 * (count // 2), 3), *range(2000, 2000 + count - count // 2), 9999}
+    ordered = sorted(entries)[:count]
+    assert EntryAvailability.from_entries(ordered).groups == greedy(set(ordered))
+    assert EntryAvailability.from_entries(ordered[::-1] * 2).groups == greedy(set(ordered))
+    with pytest.raises(BadRequest, match="entry id -1 is negative"):
+        EntryAvailability.from_entries([*ordered[: count - 1], -1])

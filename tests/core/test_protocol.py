@@ -16,6 +16,7 @@ from tally.core.entry_format import INT64_MAX, encode_entry
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
 from tally.core.protocol import (
+    ADD_HEAD_SIZE,
     KEEP_IN_PLACE,
     MASTER_KEY_SIZE,
     MAX_FRAME_SIZE,
@@ -32,7 +33,10 @@ from tally.core.protocol import (
     FrameReader,
     GetListOfEntriesOfLedgerRequest,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersRequest,
+    GetListOfEntriesOfLedgersResponse,
     LedgerAvailability,
+    LedgerEntries,
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
@@ -95,12 +99,26 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(ReadLacRequest, request_ids, ledger_ids),
     st.builds(WriteLacRequest, request_ids, ledger_ids, keys, lacs),
     st.builds(GetListOfEntriesOfLedgerRequest, request_ids, ledger_ids),
+    st.builds(
+        GetListOfEntriesOfLedgersRequest,
+        request_ids,
+        st.lists(ledger_ids, min_size=1, max_size=5).map(tuple),
+    ),
     st.builds(AvailabilityDumpRequest, request_ids, st.booleans()),
     st.builds(LedgerInfoRequest, request_ids, ledger_ids),
     st.builds(MetadataCopyRequest, request_ids, ledger_ids, keys, blobs.filter(bool)),
 )
 
 records = st.builds(LedgerAvailability, ledger_ids, blobs)
+list_records = st.one_of(
+    st.builds(LedgerEntries, ledger_ids, blobs),
+    st.builds(
+        LedgerEntries,
+        ledger_ids,
+        code=st.integers(-(2**31), 2**31 - 1).filter(bool),
+        message=st.text(max_size=40),
+    ),
+)
 state_records = st.one_of(
     st.builds(StateRecord.cookie_of, blobs),
     st.builds(
@@ -122,7 +140,7 @@ state_records = st.one_of(
 def error_responses(draw: st.DrawFn) -> ErrorResponse:
     operation = draw(st.sampled_from(Operation))
     ledger_id = LedgerId(0, 0)
-    if operation is not Operation.AVAILABILITY_DUMP:
+    if operation not in (Operation.AVAILABILITY_DUMP, Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS):
         ledger_id = draw(ledger_ids)
     entry_id = 0
     if operation is Operation.ADD:
@@ -141,6 +159,11 @@ responses: st.SearchStrategy[Response] = st.one_of(
     st.builds(ReadLacResponse, request_ids, ledger_ids, lacs),
     st.builds(WriteLacResponse, request_ids, ledger_ids),
     st.builds(GetListOfEntriesOfLedgerResponse, request_ids, ledger_ids, blobs),
+    st.builds(
+        GetListOfEntriesOfLedgersResponse,
+        request_ids,
+        st.lists(list_records, max_size=4).map(tuple),
+    ),
     st.builds(
         AvailabilityDumpResponse,
         request_ids,
@@ -172,6 +195,7 @@ SAMPLE_REQUESTS: list[Request] = [
     ReadLacRequest(4, WIDE),
     WriteLacRequest(5, LEDGER, KEY, -1),
     GetListOfEntriesOfLedgerRequest(6, WIDE),
+    GetListOfEntriesOfLedgersRequest(6, (WIDE, LEDGER)),
     AvailabilityDumpRequest(UINT64_MAX),
     AvailabilityDumpRequest(3, with_state=True),
     LedgerInfoRequest(0, LEDGER),
@@ -183,6 +207,13 @@ SAMPLE_RESPONSES: list[Response] = [
     ReadLacResponse(4, WIDE, 17),
     WriteLacResponse(5, LEDGER),
     GetListOfEntriesOfLedgerResponse(6, WIDE, EntryAvailability.span(0, 9).to_bytes()),
+    GetListOfEntriesOfLedgersResponse(
+        6,
+        (
+            LedgerEntries(WIDE, EntryAvailability.span(0, 9).to_bytes()),
+            LedgerEntries.failed(LEDGER, errors.NoSuchLedger("unknown here")),
+        ),
+    ),
     AvailabilityDumpResponse(7, (LedgerAvailability(WIDE, b"abc"),), stream_end=False),
     AvailabilityDumpResponse(7, (), stream_end=True),
     AvailabilityDumpResponse(
@@ -273,6 +304,7 @@ def test_operation_and_flag_numbers_are_stable() -> None:
         "AVAILABILITY_DUMP": 6,
         "LEDGER_INFO": 7,
         "METADATA_COPY": 8,
+        "GET_LIST_OF_ENTRIES_OF_LEDGERS": 9,
     }
     assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END, Flags.WITH_STATE) == (
         1,
@@ -303,13 +335,19 @@ def test_a_prepared_add_is_the_add_with_each_connection_s_request_id(
     expected = AddRequest.for_entry(request_id, entry, KEY, recovery).encode()
     assert prepared.head_for(request_id) + prepared.entry == expected
     assert prepared.frame_size == len(expected) - 4
-    assert (prepared.request.ledger_id, prepared.request.entry_id) == (WIDE, 7)
+    assert (prepared.operation, prepared.ledger_id, prepared.entry_id) == (Operation.ADD, WIDE, 7)
+    if not recovery:  # a writer's own, made from the ids it encoded the entry with
+        assert PreparedAdd.of_written(WIDE, 7, entry, KEY) == prepared
 
 
 def test_a_prepared_add_over_the_frame_limit_is_refused() -> None:
     entry = entry_of(WIDE, 7)
     with pytest.raises(BadRequest):
         PreparedAdd.of(entry, KEY, max_frame_size=len(entry))
+    large = bytes(MAX_FRAME_SIZE - ADD_HEAD_SIZE + 1)
+    with pytest.raises(BadRequest, match="exceeds the limit"):
+        PreparedAdd.of_written(WIDE, 7, large, KEY)
+    assert PreparedAdd.of_written(WIDE, 7, large[:-1], KEY).frame_size == MAX_FRAME_SIZE
 
 
 def test_request_layouts_are_byte_exact() -> None:
@@ -325,6 +363,11 @@ def test_request_layouts_are_byte_exact() -> None:
         Operation.AVAILABILITY_DUMP, ledger_id=LedgerId(0, 0)
     )
     assert LedgerInfoRequest(9, LEDGER).encode() == request_frame(Operation.LEDGER_INFO)
+    assert GetListOfEntriesOfLedgersRequest(9, (WIDE, LEDGER)).encode() == request_frame(
+        Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS,
+        struct.pack(">QQQQ", WIDE.scope, WIDE.id, LEDGER.scope, LEDGER.id),
+        ledger_id=LedgerId(0, 0),
+    )
     assert MetadataCopyRequest(9, LEDGER, KEY, b"copy").encode() == request_frame(
         Operation.METADATA_COPY, KEY + b"copy"
     )
@@ -341,6 +384,17 @@ def test_response_layouts_are_byte_exact() -> None:
     record = struct.pack(">QQI", WIDE.scope, WIDE.id, 3) + b"xyz"
     assert dump.encode() == response_frame(
         Operation.AVAILABILITY_DUMP, record, flags=Flags.STREAM_END, ledger_id=LedgerId(0, 0)
+    )
+    lists = GetListOfEntriesOfLedgersResponse(
+        9, (LedgerEntries(WIDE, b"xyz"), LedgerEntries(LEDGER, code=7, message="é"))
+    )
+    assert lists.encode() == response_frame(
+        Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS,
+        struct.pack(">QQiI", WIDE.scope, WIDE.id, 0, 3)
+        + b"xyz"
+        + struct.pack(">QQiI", LEDGER.scope, LEDGER.id, 7, 2)
+        + "é".encode(),
+        ledger_id=LedgerId(0, 0),
     )
     error = ErrorResponse(Operation.READ, 9, LEDGER, -1, 13, "no entry é")
     assert error.encode() == response_frame(
@@ -382,6 +436,7 @@ def test_a_fencing_read_carries_the_key() -> None:
 
 def test_only_a_dump_batch_without_stream_end_leaves_the_request_open() -> None:
     assert [response.final for response in SAMPLE_RESPONSES] == [
+        True,
         True,
         True,
         True,

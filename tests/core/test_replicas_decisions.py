@@ -17,6 +17,7 @@ from tally.core.replicas_decisions import (
     checkable,
     describe,
     entry_ranges,
+    holds_schedule_exactly,
     judge_ledger,
 )
 from tally.core.schedule import write_set
@@ -208,6 +209,42 @@ def test_judgement_matches_a_count_of_every_entry(
     assert judgement.lost_bookies == lost
     assert judgement.unresponsive_bookies == unresponsive
     assert (Category.POTENTIALLY_FAULTY in judgement.categories) == bool(unresponsive)
+
+
+@settings(max_examples=200, deadline=None)
+@given(damaged())
+def test_the_healthy_shortcut_holds_exactly_when_the_full_judgement_finds_nothing(
+    case: tuple[LedgerMetadata, dict[str, set[int]], set[str], set[str]],
+) -> None:
+    """On the answers of every bookie to ask (lost copies, no extra ones), holding the
+    schedule exactly is having nothing to report; a silent bookie is never exact."""
+    metadata, held, lost, unresponsive = case
+    asked = bookies_to_ask(metadata)
+    answers = _answers({bookie: held[bookie] for bookie in held if bookie in asked})
+    encoded = {bookie: entries.to_bytes() for bookie, entries in answers.items()}
+    exact = holds_schedule_exactly(metadata, encoded)
+    if lost or unresponsive:
+        assert not exact
+    else:
+        assert exact == (not judge_ledger(metadata, answers).noteworthy)
+
+
+@pytest.mark.parametrize("changes", [(), (3,), (2, 5)])
+def test_a_ledger_held_as_scheduled_takes_the_shortcut_and_an_extra_copy_does_not(
+    changes: tuple[int, ...],
+) -> None:
+    metadata = _closed(3, 2, 2, 7, changes)
+    asked = bookies_to_ask(metadata)
+    held = {b: e for b, e in held_by_schedule(metadata).items() if b in asked}
+    encoded = {b: EntryAvailability.from_entries(e).to_bytes() for b, e in held.items()}
+    assert holds_schedule_exactly(metadata, encoded)
+    some = min(held)
+    extra = dict(encoded, **{some: EntryAvailability.span(0, 7).to_bytes()})
+    assert not holds_schedule_exactly(metadata, extra)
+    assert judge_ledger(metadata, _answers(dict(held, **{some: set(range(8))}))).noteworthy
+    past_the_end = EntryAvailability.from_entries({*held[some], 8}).to_bytes()
+    assert not holds_schedule_exactly(metadata, dict(encoded, **{some: past_the_end}))
+    assert not holds_schedule_exactly(metadata, dict(encoded, stranger=encoded[some]))
 
 
 # -- describing ----------------------------------------------------------------------------

@@ -71,8 +71,12 @@ class AutoRecoveryConfig:
     open_ledger_rereplication_grace_period: float = 30.0
     """Seconds the writer of an OPEN ledger has to change its ensemble before the worker
     fences and closes the ledger to repair its last segment."""
-    replication_rate_by_bytes: int = -1
-    """Bytes/s the worker copies at most; -1: unlimited (replicationRateByBytes)."""
+    replication_rate_by_bytes: int = 10_000_000
+    """Bytes/s the worker copies at most; -1: unlimited (replicationRateByBytes, whose
+    default is -1). 10 MB/s keeps a writer's small adds during a repair at about 0.8 or more
+    of their rate without it on a 2-core machine; 20 MB/s took them to 0.4-0.85 (median 0.63;
+    bench_rereplication.py, docs/benchmarks.md, issue 21). A lost bookie holding 1 GiB then
+    takes about 110 s to repair, per worker: raise it where the bookies have CPU to spare."""
     rereplication_entry_batch_size: int = 10
     """Entries copied in parallel for one ledger."""
     replication_backoff_initial: float = 1.0

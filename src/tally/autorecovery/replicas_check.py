@@ -1,13 +1,17 @@
 """The online replicas check (BP-34): every closed ledger's copies against its schedule.
 
 For each closed ledger with entries, every bookie of its segments is asked once what it
-holds of the ledger (GET_LIST_OF_ENTRIES_OF_LEDGER), and `tally.core` compares the answers
-with the round-robin schedule (`judge_ledger`). A run goes in three steps, so that no
-finding is reported on stale information:
+holds of the ledger, and `tally.core` compares the answers with the round-robin schedule:
+a ledger whose bookies answered exactly their schedule's encoding is healthy
+(`holds_schedule_exactly`), any other is judged in full (`judge_ledger`). A run goes in
+three steps, so that no finding is reported on stale information:
 
-1. The walk: the ledgers' metadata page by page, their bookies asked. A ledger already
-   marked under-replicated is skipped (the worker has it), or noted as marked too long.
-   A ledger whose bookies did not all answer is set aside for the retry.
+1. The walk: the ledgers' metadata page by page, PAGES_IN_FLIGHT pages at a time; each
+   bookie is asked once per page for all its ledgers of the page
+   (GET_LIST_OF_ENTRIES_OF_LEDGERS; per ledger, GET_LIST_OF_ENTRIES_OF_LEDGER, for a bookie
+   too old to know it). A ledger already marked under-replicated is skipped (the worker has
+   it), or noted as marked too long. A ledger whose bookies did not all answer (a failed
+   list, an error record, an answer that does not decode) is set aside for the retry.
 2. Before reporting, each finding is confirmed: a ledger marked meanwhile is left to the
    worker, and a ledger whose metadata changed (its version differs) is checked again on
    the new metadata rather than reported, a bounded number of times.
@@ -33,10 +37,10 @@ Load on the cluster is bounded. Ledger metadata and mark reads in flight never e
 two pages at a time (it reads one ahead), and the confirmations come after the walk, never
 alongside a page read, with at most N reads or marks in flight (with N = 1 the read-ahead
 makes it 2; a bookie's address, read when the pool first dials it, is not counted).
-Requests to bookies in flight, over all bookies, never exceed
-`auditor_max_concurrent_bookie_requests`. A bookie that fails to answer is not asked again
-in the same step, so a dead or stalled bookie costs one timeout per step, not one per
-ledger.
+Requests to bookies in flight (a list of a page's ledgers is one), over all bookies,
+never exceed `auditor_max_concurrent_bookie_requests`. A bookie that fails to answer is not
+asked again in the same step, so a dead or stalled bookie costs one timeout per step, not
+one per ledger.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -52,16 +57,18 @@ from tally.autorecovery import replicas_check_metrics as metrics
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.client.context import ClientContext
 from tally.core.availability import EntryAvailability
-from tally.core.errors import MalformedData, NoSuchLedger, TallyError
+from tally.core.errors import BookieUnavailable, MalformedData, NoSuchLedger, TallyError
 from tally.core.ids import LedgerId
 from tally.core.ledger_audit import Category, OverReplication, Violation, marked_too_long
 from tally.core.ledger_metadata import LedgerMetadata
+from tally.core.protocol import MAX_LEDGERS_PER_LIST
 from tally.core.replicas_decisions import (
     REPLICAS_CATEGORIES,
     ReplicasJudgement,
     bookies_to_ask,
     checkable,
     describe,
+    holds_schedule_exactly,
     judge_ledger,
 )
 from tally.metadata.ledger_manager import LedgerRecord
@@ -73,7 +80,13 @@ METADATA_CHANGE_ATTEMPTS = 3
 """Checks of one ledger whose metadata keeps changing before its findings are dropped for
 this run (the next run sees the settled metadata)."""
 
+PAGES_IN_FLIGHT = 4
+"""Pages of the walk whose bookies are being asked at once: while one page's lists are
+answered, the next pages are read and judged."""
+
 _T = TypeVar("_T")
+_NOTHING = EntryAvailability.empty().to_bytes()
+"""A bookie's answer for a ledger it does not know: it holds none of its entries."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +173,10 @@ class _ReplicasCheck:
         """Bookies that did not answer in the current step, with the first error."""
         self._registered: frozenset[str] | None = None
         """Registered bookies, read in the retry step; None before it."""
+        self._listing: set[str] = set()
+        """Bookies that answered a list of entries of ledgers in this run."""
+        self._one_by_one: set[str] = set()
+        """Bookies that do not know the list of entries of ledgers: asked per ledger."""
         self._unresponsive: dict[str, list[LedgerId]] = {}
         """Registered bookies that did not answer in the retry step, with their ledgers."""
         self._checked = 0
@@ -179,14 +196,33 @@ class _ReplicasCheck:
                 page_size=self._page_size
             )
         }
-        async for page in self._context.ledgers.ledger_pages(self._page_size):
-            for unreadable in page.unreadable:
-                log.warning("replicas check: skipping %s: %s", unreadable.path, unreadable.error)
-            await _all(
-                self._first_look(record, marks.get(record.ledger_id), overdue, suspects, retry)
-                for record in page.ledgers
-                if checkable(record.metadata)
-            )
+        looking: deque[asyncio.Future[None]] = deque()
+        try:
+            async for page in self._context.ledgers.ledger_pages(self._page_size):
+                for unreadable in page.unreadable:
+                    log.warning(
+                        "replicas check: skipping %s: %s", unreadable.path, unreadable.error
+                    )
+                fresh = []
+                for record in page.ledgers:
+                    if not checkable(record.metadata):
+                        continue
+                    mark = marks.get(record.ledger_id)
+                    if mark is None:
+                        fresh.append(record)
+                    elif marked_too_long(
+                        mark.first_marked_ms, self._now_ms(), self._grace_period_ms
+                    ):
+                        overdue.append(mark)
+                looking.append(asyncio.ensure_future(self._first_look(fresh, suspects, retry)))
+                if len(looking) >= PAGES_IN_FLIGHT:
+                    await looking.popleft()
+            while looking:
+                await looking.popleft()
+        finally:
+            for task in looking:
+                task.cancel()
+            await asyncio.gather(*looking, return_exceptions=True)
         await _all(self._report_overdue(mark) for mark in overdue)
         confirmed = await _all(self._confirm(suspect) for suspect in suspects)
         retry += [ledger_id for ledger_id in confirmed if ledger_id is not None]
@@ -218,26 +254,42 @@ class _ReplicasCheck:
     # -- step 1: the walk ----------------------------------------------------------------
 
     async def _first_look(
-        self,
-        record: LedgerRecord,
-        mark: UnderReplicatedLedger | None,
-        overdue: list[UnderReplicatedLedger],
-        suspects: list[_Suspect],
-        retry: list[LedgerId],
+        self, records: list[LedgerRecord], suspects: list[_Suspect], retry: list[LedgerId]
     ) -> None:
-        if mark is not None:
-            if marked_too_long(mark.first_marked_ms, self._now_ms(), self._grace_period_ms):
-                overdue.append(mark)
-            return
-        asked = await self._ask(record.ledger_id, record.metadata)
-        self._checked += 1
-        metrics.REPLICAS_CHECK_LEDGERS.inc()
-        if asked.unanswered:
-            retry.append(record.ledger_id)
-            return
-        judgement = judge_ledger(record.metadata, asked.answers)
-        if judgement.noteworthy:
-            suspects.append(_Suspect(record.ledger_id, record.version, judgement))
+        """Judge a page's unmarked ledgers, each bookie asked once for all its ledgers."""
+        asked = {record.ledger_id: sorted(bookies_to_ask(record.metadata)) for record in records}
+        wanted: dict[str, list[LedgerId]] = {}
+        for ledger_id, bookies in asked.items():
+            for bookie in bookies:
+                wanted.setdefault(bookie, []).append(ledger_id)
+        held = dict(
+            zip(
+                wanted,
+                await _all(self._held_on(bookie, ids) for bookie, ids in wanted.items()),
+                strict=True,
+            )
+        )
+        for record in records:
+            ledger_id = record.ledger_id
+            self._checked += 1
+            metrics.REPLICAS_CHECK_LEDGERS.inc()
+            encoded = {
+                bookie: held[bookie][ledger_id]
+                for bookie in asked[ledger_id]
+                if ledger_id in held[bookie]
+            }
+            if len(encoded) < len(asked[ledger_id]):
+                retry.append(ledger_id)
+                continue
+            if holds_schedule_exactly(record.metadata, encoded):
+                continue
+            answers = self._decoded(ledger_id, encoded)
+            if answers is None:
+                retry.append(ledger_id)
+                continue
+            judgement = judge_ledger(record.metadata, answers)
+            if judgement.noteworthy:
+                suspects.append(_Suspect(ledger_id, record.version, judgement))
 
     async def _report_overdue(self, mark: UnderReplicatedLedger) -> None:
         """Report a ledger marked too long, if it still is (repaired meanwhile: not)."""
@@ -375,6 +427,74 @@ class _ReplicasCheck:
         answers = {b: e for b, e in zip(bookies, held, strict=True) if e is not None}
         return _Answers(answers, frozenset(bookies) - answers.keys())
 
+    async def _held_on(self, bookie: str, ledger_ids: list[LedgerId]) -> dict[LedgerId, bytes]:
+        """The availability encoding of each ledger `bookie` answered for, asked in lists of
+        MAX_LEDGERS_PER_LIST; a ledger it did not answer for is absent. A bookie whose first
+        list fails with its connection closed is taken for one too old to know the
+        operation, and asked one ledger at a time for the rest of the run."""
+        held: dict[LedgerId, bytes] = {}
+        if bookie in self._failed:
+            return held
+        if bookie in self._one_by_one:
+            return await self._held_one_by_one(bookie, ledger_ids)
+        async with self._bookie_slots:
+            remaining = ledger_ids
+            try:
+                connection = await self._context.bookies.get(bookie)
+                while remaining and bookie not in self._failed:
+                    records = await connection.get_lists_of_entries(
+                        remaining[:MAX_LEDGERS_PER_LIST]
+                    )
+                    self._listing.add(bookie)
+                    for record in records:
+                        error = record.error()
+                        if error is None:
+                            held[record.ledger_id] = record.availability
+                        elif isinstance(error, NoSuchLedger):
+                            held[record.ledger_id] = _NOTHING
+                        else:
+                            self._fail(bookie, record.ledger_id, error)
+                    remaining = remaining[len(records) :]
+                return held
+            except BookieUnavailable as error:
+                if bookie in self._listing or bookie in self._failed:
+                    self._fail(bookie, remaining[0], error)
+                    return held
+                log.info(
+                    "replicas check: bookie %s closed the connection on a list of entries of "
+                    "ledgers (%s); asking it one ledger at a time in this run",
+                    bookie,
+                    error,
+                )
+                self._one_by_one.add(bookie)
+            except TallyError as error:
+                self._fail(bookie, remaining[0], error)
+                return held
+        return await self._held_one_by_one(bookie, ledger_ids)
+
+    async def _held_one_by_one(
+        self, bookie: str, ledger_ids: list[LedgerId]
+    ) -> dict[LedgerId, bytes]:
+        held = await _all(self._entries_on(bookie, ledger_id) for ledger_id in ledger_ids)
+        return {
+            ledger_id: entries.to_bytes()
+            for ledger_id, entries in zip(ledger_ids, held, strict=True)
+            if entries is not None
+        }
+
+    def _decoded(
+        self, ledger_id: LedgerId, encoded: Mapping[str, bytes]
+    ) -> dict[str, EntryAvailability] | None:
+        """The answers decoded; None when a bookie's does not decode (that bookie failed)."""
+        answers = {}
+        for bookie, availability in encoded.items():
+            try:
+                answers[bookie] = EntryAvailability.from_bytes(availability)
+            except MalformedData as error:
+                self._fail(bookie, ledger_id, error)
+                return None
+        return answers
+
     async def _entries_on(self, bookie: str, ledger_id: LedgerId) -> EntryAvailability | None:
         """What `bookie` holds of the ledger; None when it did not answer."""
         if bookie in self._failed:
@@ -388,16 +508,21 @@ class _ReplicasCheck:
             except NoSuchLedger:
                 return EntryAvailability.empty()
             except TallyError as error:
-                if bookie not in self._failed:
-                    self._failed[bookie] = f"{type(error).__name__}: {error}"
-                    log.info(
-                        "replicas check: bookie %s did not answer for ledger %s (%s); not "
-                        "asked again in this step",
-                        bookie,
-                        ledger_id.qualified_name,
-                        self._failed[bookie],
-                    )
+                self._fail(bookie, ledger_id, error)
                 return None
+
+    def _fail(self, bookie: str, ledger_id: LedgerId, error: TallyError) -> None:
+        """Note that `bookie` did not answer: it is not asked again in this step."""
+        if bookie in self._failed:
+            return
+        self._failed[bookie] = f"{type(error).__name__}: {error}"
+        log.info(
+            "replicas check: bookie %s did not answer for ledger %s (%s); not asked again in "
+            "this step",
+            bookie,
+            ledger_id.qualified_name,
+            self._failed[bookie],
+        )
 
     async def _read_ledger(self, ledger_id: LedgerId) -> LedgerRecord | None:
         """The ledger's metadata now; None when deleted or unreadable (logged)."""

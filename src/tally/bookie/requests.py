@@ -306,6 +306,27 @@ class BookieRequestProcessor:
         )
         self._ok(request, connection, response.encode())
 
+    def _list_entries_of_ledgers(
+        self,
+        request: protocol.GetListOfEntriesOfLedgersRequest,
+        connection: BookieConnectionHandler,
+    ) -> None:
+        """A prefix of the ledgers asked, as many as fit a frame; a ledger whose look-up
+        fails is answered with its error, the others are still answered."""
+
+        def answers() -> Iterator[protocol.LedgerEntries]:
+            for ledger_id in request.ledger_ids:
+                try:
+                    held = self.storage.availability(ledger_id).to_bytes()
+                except TallyError as error:
+                    yield protocol.LedgerEntries.failed(ledger_id, error)
+                else:
+                    yield protocol.LedgerEntries(ledger_id, held)
+
+        records = protocol.answer_records(answers(), self._max_frame_size)
+        response = protocol.GetListOfEntriesOfLedgersResponse(request.request_id, records)
+        self._ok(request, connection, response.encode(self._max_frame_size))
+
     def _ledger_info(
         self, request: protocol.LedgerInfoRequest, connection: BookieConnectionHandler
     ) -> None:
@@ -356,6 +377,7 @@ class BookieRequestProcessor:
         protocol.WriteLacRequest: _write_lac,
         protocol.MetadataCopyRequest: _metadata_copy,
         protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
+        protocol.GetListOfEntriesOfLedgersRequest: _list_entries_of_ledgers,
         protocol.LedgerInfoRequest: _ledger_info,
         protocol.AvailabilityDumpRequest: _dump,
     }

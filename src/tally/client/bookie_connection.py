@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from ssl import SSLContext
 from typing import Any, Final, TypeAlias
@@ -42,7 +42,10 @@ from tally.core.protocol import (
     ErrorResponse,
     GetListOfEntriesOfLedgerRequest,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersRequest,
+    GetListOfEntriesOfLedgersResponse,
     LedgerAvailability,
+    LedgerEntries,
     LedgerInfo,
     LedgerInfoRequest,
     LedgerInfoResponse,
@@ -57,6 +60,7 @@ from tally.core.protocol import (
     ResponseReader,
     StateRecord,
     WriteLacRequest,
+    answered_prefix,
 )
 from tally.core.protocol.dump import DumpRecord
 from tally.core.protocol.wire import EntryBytes
@@ -85,11 +89,13 @@ class _Stream:
             waiter.set_result(None)
 
 
-AddAnswered: TypeAlias = Callable[[Exception | None], None]
-"""Told how an add ended: None once the bookie has the entry durably, else the error."""
+AddAnswered: TypeAlias = Callable[[int, Exception | None], None]
+"""Told an entry id and how its add ended: None once the bookie has the entry durably,
+else the error. One callback serves every entry a writer sends to one bookie."""
 
 _Target: TypeAlias = "asyncio.Future[Any] | _Stream | AddAnswered"
-_Pending: TypeAlias = tuple[_Target, Request, float]
+_Sent: TypeAlias = "Request | PreparedAdd"
+_Pending: TypeAlias = tuple[_Target, _Sent, float]
 """Who waits for the answer, the request, and its deadline on the loop's clock."""
 
 
@@ -116,7 +122,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._outbox: list[EntryBytes] = []
+        self._outbox: list[EntryBytes | bytearray] = []
         self._writing_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._backlogged = 0
@@ -184,21 +190,21 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     def add_prepared(self, add: PreparedAdd, answered: AddAnswered) -> None:
         """Send an ADD made once for every copy of its entry (a writer's). `answered` is
-        called once: with None straight from the connection's receive callback when the
-        bookie acknowledges, or with the error a loop turn after it is known (never before
-        this returns), so that failures meet the writer outside the connection's own code.
-        """
+        called once with the entry id: and None straight from the connection's receive
+        callback when the bookie acknowledges, or the error a loop turn after it is known
+        (never before this returns), so that failures meet the writer outside the
+        connection's own code."""
         if add.frame_size > self._max_frame_size:
             raise BadRequest(
-                f"{_describe(add.request, self._next_id)}: a frame of {add.frame_size} bytes "
+                f"{_describe(add, self._next_id)}: a frame of {add.frame_size} bytes "
                 f"is over this connection's limit of {self._max_frame_size}"
             )
         if self._failure is not None:
-            self._loop.call_soon(answered, self._unavailable())
+            self._loop.call_soon(answered, add.entry_id, self._unavailable())
             return
         request_id = self._next_id
         self._next_id = request_id + 1
-        self._register(request_id, answered, add.request)
+        self._register(request_id, answered, add)
         self._send(add.head_for(request_id), add.entry)
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
@@ -253,6 +259,18 @@ class BookieConnection(asyncio.BufferedProtocol):
             lambda request_id: GetListOfEntriesOfLedgerRequest(request_id, ledger_id)
         )
         return response.entries()
+
+    async def get_lists_of_entries(
+        self, ledger_ids: Sequence[LedgerId]
+    ) -> tuple[LedgerEntries, ...]:
+        """What the bookie holds of each of a prefix of `ledger_ids` (1..MAX_LEDGERS_PER_LIST),
+        in their order: ask again for the rest. A bookie too old to know the operation closes
+        the connection (BookieUnavailable)."""
+        asked = tuple(ledger_ids)
+        response: GetListOfEntriesOfLedgersResponse = await self._call(
+            lambda request_id: GetListOfEntriesOfLedgersRequest(request_id, asked)
+        )
+        return answered_prefix(asked, response.records)
 
     async def ledger_info(self, ledger_id: LedgerId) -> LedgerInfo:
         response: LedgerInfoResponse = await self._call(
@@ -355,13 +373,13 @@ class BookieConnection(asyncio.BufferedProtocol):
                 return
             if callable(target):
                 if type(response) is ErrorResponse:
-                    self._loop.call_soon(target, response.error())
+                    self._loop.call_soon(target, request.entry_id, response.error())
                 else:
-                    _acknowledge(target, self.address)
+                    _acknowledge(target, request.entry_id, self.address)
                     if self._failure is not None:
                         return  # the writer closed this connection: the rest was failed
             elif isinstance(target, _Stream):
-                self._deliver(target, request, response)
+                self._deliver(target, request_id, request, response)
             elif not target.done():
                 if type(response) is ErrorResponse:
                     target.set_exception(response.error())
@@ -414,13 +432,13 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._send(frame)
         return request
 
-    def _register(self, request_id: int, target: _Target, request: Request) -> None:
+    def _register(self, request_id: int, target: _Target, request: _Sent) -> None:
         deadline = self._time() + self._request_timeout
         self._pending[request_id] = (target, request, deadline)
         if self._timer is None:
             self._timer = self._loop.call_at(deadline, self._expire)
 
-    def _send(self, *parts: EntryBytes) -> None:
+    def _send(self, *parts: EntryBytes | bytearray) -> None:
         """Queue a frame (in parts: an ADD's header, then its entry shared by every copy);
         the outbox goes out in one write at the loop's next turn."""
         outbox = self._outbox
@@ -445,14 +463,16 @@ class BookieConnection(asyncio.BufferedProtocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def _deliver(self, stream: _Stream, request: Request, response: Response) -> None:
+    def _deliver(
+        self, stream: _Stream, request_id: int, request: _Sent, response: Response
+    ) -> None:
         if type(response) is ErrorResponse:
             stream.push(response.error())
             return
         assert type(response) is AvailabilityDumpResponse
         stream.push(response)
         if not response.stream_end:
-            self._register(request.request_id, stream, request)
+            self._register(request_id, stream, request)
         if not stream.backlogged and len(stream.items) >= STREAM_BACKLOG:
             stream.backlogged = True
             self._backlogged += 1
@@ -483,6 +503,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 continue
             self._reject(
                 target,
+                request,
                 Timeout(
                     f"bookie {self.address}: no answer within {self._request_timeout:g} s to "
                     f"{_describe(request, request_id)}"
@@ -508,31 +529,31 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._timer = None
         pending, self._pending = self._pending, {}
         self._outbox.clear()
-        for target, _, _ in pending.values():
-            self._reject(target, self._unavailable())
+        for target, request, _ in pending.values():
+            self._reject(target, request, self._unavailable())
         self._wake_drainers()
 
     def _unavailable(self) -> BookieUnavailable:
         return BookieUnavailable(f"bookie {self.address}: {self._failure}")
 
-    def _reject(self, target: _Target, error: TallyError) -> None:
+    def _reject(self, target: _Target, request: _Sent, error: TallyError) -> None:
         if callable(target):
-            self._loop.call_soon(target, error)
+            self._loop.call_soon(target, request.entry_id, error)
         elif isinstance(target, _Stream):
             target.push(error)
         elif not target.done():
             target.set_exception(error)
 
 
-def _acknowledge(answered: AddAnswered, address: str) -> None:
+def _acknowledge(answered: AddAnswered, entry_id: int, address: str) -> None:
     """A writer's callback fails alone: the other answers in the same receive still count."""
     try:
-        answered(None)
+        answered(entry_id, None)
     except Exception:
         log.exception("bookie %s: an add's acknowledgement callback failed", address)
 
 
-def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
+def _settle(future: asyncio.Future[None], entry_id: int, error: Exception | None) -> None:
     if future.done():
         return
     if error is None:
@@ -541,15 +562,15 @@ def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
         future.set_exception(error)
 
 
-def _describe(request: Request, request_id: int) -> str:
-    """The request sent as `request_id` (a prepared ADD's request carries id 0)."""
+def _describe(request: _Sent, request_id: int) -> str:
+    """The request sent as `request_id` (a prepared ADD carries none of its own)."""
     return (
         f"{request.operation.name} request {request_id} "
         f"(ledger {request.ledger_id}, entry {request.entry_id})"
     )
 
 
-def _mismatch(response: Response, request: Request, request_id: int) -> str:
+def _mismatch(response: Response, request: _Sent, request_id: int) -> str:
     return (
         f"{response.operation.name} response {response.request_id} (ledger "
         f"{response.ledger_id}, entry {response.entry_id}) does not answer "

@@ -28,11 +28,11 @@ import time
 from functools import partial
 from typing import Any
 
-from tally.client.bookie_connection import BookieConnection
+from tally.client.bookie_connection import AddAnswered, BookieConnection
 from tally.client.context import ClientContext
 from tally.client.metadata_copies import copy_answered, give_copies
 from tally.core.digest import mac_key, master_key
-from tally.core.entry_format import EntryFormat, decode_entry, encode_entry
+from tally.core.entry_format import EntryEncoder, EntryFormat, decode_entry, header_size
 from tally.core.errors import (
     BadDigest,
     BadRequest,
@@ -46,7 +46,7 @@ from tally.core.errors import (
 )
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
-from tally.core.protocol import PreparedAdd
+from tally.core.protocol import ADD_HEAD_SIZE, MAX_FRAME_SIZE, PreparedAdd
 from tally.core.quorum import PendingAdds
 from tally.core.schedule import write_set
 from tally.metadata.ledger_manager import LedgerRecord
@@ -75,11 +75,21 @@ class LedgerWriter:
         self._record = record
         self._advanced = advanced
         self._mac_key = mac_key(password)
+        # V2 names its digest type: bookies check CRC digests on the way in.
+        self._encoder = EntryEncoder(
+            record.ledger_id, metadata.digest_type, self._mac_key, EntryFormat.V2
+        )
+        self._max_payload = (
+            MAX_FRAME_SIZE - ADD_HEAD_SIZE - header_size(EntryFormat.V2) - metadata.digest_type.size
+        )
         self._master_key = master_key(password)
         self._pending = PendingAdds(
             metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         )
-        self._ensemble = list(metadata.segments[-1].ensemble)
+        self._ensemble: list[str] = []
+        self._answered: list[AddAnswered] = []
+        self._segment_start = 0
+        self._enter_segment(metadata)
         self._entries: dict[int, PreparedAdd] = {}
         """Entries not yet confirmed, each ADD made once for all its copies: what an
         ensemble change re-sends."""
@@ -146,6 +156,7 @@ class LedgerWriter:
         self._check_open()
         if not isinstance(data, bytes | bytearray | memoryview):
             raise BadRequest(f"an entry is bytes, not {type(data).__name__}")
+        self._check_size(data)
         if self._advanced:
             if entry_id is None:
                 raise BadRequest("an advanced ledger's append needs entry_id")
@@ -153,6 +164,13 @@ class LedgerWriter:
         if entry_id is not None:
             raise BadRequest("entry_id is only for ledgers created with advanced=True")
         return self._start_add(bytes(data))
+
+    def _check_size(self, data: bytes | bytearray | memoryview) -> None:
+        if len(data) > self._max_payload:
+            raise BadRequest(
+                f"ledger {self.ledger_id}: an entry of {len(data)} bytes is over the "
+                f"{self._max_payload} a frame of {MAX_FRAME_SIZE} bytes carries"
+            )
 
     def _append_advanced(self, data: bytes, entry_id: int) -> asyncio.Future[int]:
         """Advanced ledgers take ids in any order; each is sent once the ids below it have
@@ -170,47 +188,43 @@ class LedgerWriter:
         return future
 
     def _start_add(self, data: bytes) -> asyncio.Future[int]:
-        metadata = self._record.metadata
-        entry_id = self._pending.next_entry_id
-        self._length += len(data)
-        encoded = encode_entry(
-            self.ledger_id,
-            entry_id,
-            self._pending.last_add_confirmed,
-            self._length,
-            data,
-            metadata.digest_type,
-            self._mac_key,
-            EntryFormat.V2,  # names its digest type: bookies check CRC digests on the way in
-        )
-        positions = self._pending.add(entry_id)
-        self._entries[entry_id] = PreparedAdd.of(encoded, self._master_key)
-        self._lengths[entry_id] = self._length
+        pending = self._pending
+        ledger_id = self._record.ledger_id
+        entry_id = pending.next_entry_id
+        length = self._length + len(data)
+        encoded = self._encoder.encode(entry_id, pending.last_add_confirmed, length, data)
+        add = PreparedAdd.of_written(ledger_id, entry_id, encoded, self._master_key)
+        positions = pending.add(entry_id)
+        self._length = length
+        self._entries[entry_id] = add
+        self._lengths[entry_id] = length
         future = self._waiters.get(entry_id) or asyncio.get_running_loop().create_future()
         self._waiters[entry_id] = future
         self._last_add_time = time.monotonic()
         self._lac_sent = self._pending.last_add_confirmed
         if self._changing is None and not self._replace:
             for position in positions:
-                self._send(entry_id, position)
+                self._send_add(add, position)
         else:
             self._unsent.append(entry_id)
         return future
 
     def _send(self, entry_id: int, position: int) -> None:
+        self._send_add(self._entries[entry_id], position)
+
+    def _send_add(self, add: PreparedAdd, position: int) -> None:
         if self._error is not None:
             return
         bookie = self._ensemble[position]
         connection = self._context.bookies.cached(bookie)
-        add = self._entries[entry_id]
         if connection is None:
             asyncio.get_running_loop().create_task(
-                self._send_after_dial(entry_id, position, bookie, add)
+                self._send_after_dial(add.entry_id, position, bookie, add)
             )
             return
         if bookie not in self._copied:
             self._give_copy(bookie, connection)
-        connection.add_prepared(add, partial(self._on_add, entry_id, position, bookie))
+        connection.add_prepared(add, self._answered[position])
 
     def _give_copy(self, bookie: str, connection: BookieConnection) -> None:
         """Send the bookie the current segment's metadata copy (best effort: a bookie
@@ -235,15 +249,26 @@ class LedgerWriter:
         if self._bookie_of(entry_id, position) == bookie:
             if bookie not in self._copied:
                 self._give_copy(bookie, connection)
-            connection.add_prepared(add, partial(self._on_add, entry_id, position, bookie))
+            connection.add_prepared(add, partial(self._on_add, position, bookie))
 
     def _bookie_of(self, entry_id: int, position: int) -> str:
         """The bookie that holds `entry_id` at `position` by the current metadata."""
-        if entry_id < self._record.metadata.segments[-1].first_entry_id:
+        if entry_id < self._segment_start:
             return self._record.metadata.ensemble_at(entry_id)[position]
         return self._ensemble[position]
 
-    def _on_add(self, entry_id: int, position: int, bookie: str, error: Exception | None) -> None:
+    def _enter_segment(self, metadata: LedgerMetadata) -> None:
+        """Send from now on to the last segment's ensemble, each bookie's answers to the
+        callback of its position."""
+        segment = metadata.segments[-1]
+        self._ensemble = list(segment.ensemble)
+        self._segment_start = segment.first_entry_id
+        self._answered = [
+            partial(self._on_add, position, bookie)
+            for position, bookie in enumerate(self._ensemble)
+        ]
+
+    def _on_add(self, position: int, bookie: str, entry_id: int, error: Exception | None) -> None:
         if self._bookie_of(entry_id, position) != bookie:
             return  # an answer from a bookie replaced since: it no longer counts
         if error is None:
@@ -414,7 +439,7 @@ class LedgerWriter:
             sorted(failed),
             [ensemble[p] for p in positions],
         )
-        self._ensemble = ensemble
+        self._enter_segment(self._record.metadata)
         self._copy = self._record.metadata.to_bytes()
         self._copied = set()
 

@@ -37,6 +37,7 @@ import math
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
+from itertools import pairwise
 from typing import NamedTuple, Self
 
 import numpy as np
@@ -50,6 +51,10 @@ GROUP_SIZE = 24
 MAX_ENTRY_ID = 2**63 - 1
 MAX_SEQUENCE = 2**31 - 1
 """The largest sequence size and sequence period: both are int32 on the wire."""
+
+SMALL_ARRAY = 64
+"""Entry ids up to which from_entries groups them in plain Python: numpy's fixed cost per
+call is larger than the work for a few entries (a bookie answering lists of small ledgers)."""
 
 _HEADER = struct.Struct(">ii56x")
 _GROUP = struct.Struct(">qqii")
@@ -144,6 +149,8 @@ class EntryAvailability:
         ids = _entry_ids(entries)
         if ids.size == 0:
             return cls.empty()
+        if ids.size <= SMALL_ARRAY:
+            return cls._of(_small_groups(ids.tolist()))
         lowest = int(ids.min())
         if lowest < 0:
             raise BadRequest(f"entry id {lowest} is negative")
@@ -324,6 +331,18 @@ def _entry_ids(entries: Iterable[int] | npt.NDArray[np.integer]) -> Int64Array:
     if values.dtype.kind == "u" and int(values.max()) > MAX_ENTRY_ID:
         raise BadRequest(f"entry id {int(values.max())} is beyond {MAX_ENTRY_ID}")
     return values.astype(np.int64, copy=False)
+
+
+def _small_groups(ids: list[int]) -> tuple[SequenceGroup, ...]:
+    """The canonical groups of a few entry ids, in any order."""
+    if any(later <= earlier for earlier, later in pairwise(ids)):
+        ids = sorted(set(ids))
+    if ids[0] < 0:
+        raise BadRequest(f"entry id {ids[0]} is negative")
+    builder = _Canonical()
+    for entry_id in ids:
+        builder.add_run(entry_id, entry_id + 1)
+    return builder.finish()
 
 
 def _expand(starts: Int64Array, counts: Int64Array, steps: Int64Array | np.int64) -> Int64Array:

@@ -20,6 +20,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from tally.core.digest import DigestType, compute, crc32c
@@ -94,37 +95,72 @@ def encode_entry(
     `key` is `digest.mac_key(password)`, derived once per ledger; only HMAC uses it.
     Without `format`, V1 for classic ids (scope 0, id < 2^63) and V2 otherwise.
     """
-    if not isinstance(ledger_id, LedgerId):
-        raise BadRequest(f"ledger id must be a LedgerId, not {type(ledger_id).__name__}")
-    digest_type = DigestType.parse(digest_type)
-    _check_key(digest_type, key)
-    body = payload if isinstance(payload, bytes) else _as_view(payload, "payload")
-    _check_field("entry id", entry_id, 0)
-    _check_field("last add confirmed", last_add_confirmed, -1)
-    _check_field("length", length, 0)
-    if length < len(body):
+    encoder = EntryEncoder(ledger_id, digest_type, key, format)
+    return encoder.encode(entry_id, last_add_confirmed, length, payload)
+
+
+class EntryEncoder:
+    """`encode_entry` for one ledger's entries: what they share (the ledger, its digest
+    type and key, the format) is checked once, as a writer encodes every entry."""
+
+    __slots__ = ("_digest_type", "_key", "_ledger_id", "_pack_header")
+
+    def __init__(
+        self,
+        ledger_id: LedgerId,
+        digest_type: DigestType,
+        key: bytes = b"",
+        format: EntryFormat | None = None,
+    ) -> None:
+        if not isinstance(ledger_id, LedgerId):
+            raise BadRequest(f"ledger id must be a LedgerId, not {type(ledger_id).__name__}")
+        digest_type = DigestType.parse(digest_type)
+        _check_key(digest_type, key)
+        fits_v1 = ledger_id.scope == 0 and ledger_id.id <= INT64_MAX
+        if format is None:
+            format = EntryFormat.V1 if fits_v1 else EntryFormat.V2
+        self._pack_header: Callable[[int, int, int], bytes]
+        if format is EntryFormat.V1:
+            if not fits_v1:
+                raise BadRequest(
+                    f"ledger {ledger_id.qualified_name} cannot be written in entry format V1, "
+                    "which holds only scope 0 and ids below 2^63"
+                )
+            self._pack_header = partial(_V1_HEADER.pack, ledger_id.id)
+        elif format is EntryFormat.V2:
+            flags = _V2_FLAG | _V2_VERSION << 4 | digest_type
+            self._pack_header = partial(_V2_HEADER.pack, flags, ledger_id.scope, ledger_id.id)
+        else:
+            raise BadRequest(f"unknown entry format {format!r}")
+        self._ledger_id = ledger_id
+        self._digest_type = digest_type
+        self._key = key
+
+    def encode(self, entry_id: int, last_add_confirmed: int, length: int, payload: Buffer) -> bytes:
+        body = payload if isinstance(payload, bytes) else _as_view(payload, "payload")
+        if not (
+            type(entry_id) is int
+            and type(last_add_confirmed) is int
+            and type(length) is int
+            and 0 <= entry_id <= INT64_MAX
+            and -1 <= last_add_confirmed <= INT64_MAX
+            and len(body) <= length <= INT64_MAX
+        ):
+            self._refuse(entry_id, last_add_confirmed, length, body)
+        header = self._pack_header(entry_id, last_add_confirmed, length)
+        return b"".join((header, compute(self._digest_type, self._key, header, body), body))
+
+    def _refuse(
+        self, entry_id: int, last_add_confirmed: int, length: int, body: bytes | memoryview
+    ) -> None:
+        _check_field("entry id", entry_id, 0)
+        _check_field("last add confirmed", last_add_confirmed, -1)
+        _check_field("length", length, 0)
         raise BadRequest(
-            f"length {length} of ledger {ledger_id} entry {entry_id} is less than its payload "
-            f"({len(body)} bytes); length is the ledger's total up to and including the entry"
+            f"length {length} of ledger {self._ledger_id} entry {entry_id} is less than its "
+            f"payload ({len(body)} bytes); length is the ledger's total up to and including "
+            "the entry"
         )
-    fits_v1 = ledger_id.scope == 0 and ledger_id.id <= INT64_MAX
-    if format is None:
-        format = EntryFormat.V1 if fits_v1 else EntryFormat.V2
-    if format is EntryFormat.V1:
-        if not fits_v1:
-            raise BadRequest(
-                f"ledger {ledger_id.qualified_name} cannot be written in entry format V1, "
-                "which holds only scope 0 and ids below 2^63"
-            )
-        header = _V1_HEADER.pack(ledger_id.id, entry_id, last_add_confirmed, length)
-    elif format is EntryFormat.V2:
-        flags = _V2_FLAG | _V2_VERSION << 4 | digest_type
-        header = _V2_HEADER.pack(
-            flags, ledger_id.scope, ledger_id.id, entry_id, last_add_confirmed, length
-        )
-    else:
-        raise BadRequest(f"unknown entry format {format!r}")
-    return b"".join((header, compute(digest_type, key, header, body), body))
 
 
 def peek_header(data: Buffer) -> EntryHeader:

@@ -15,7 +15,7 @@ failures prove nothing about what it stores.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from tally.core.answers import Answer
@@ -193,15 +193,22 @@ class FencingTracker:
 
 @dataclass(slots=True)
 class _Add:
+    """One entry's answers, a bit per ensemble position in each mask: a writer keeps one
+    per add in flight, so they are ints rather than two sets made for every entry."""
+
     write_set: tuple[int, ...]
-    acked: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)
+    acked: int = 0
+    failed: int = 0
 
     def settled(self) -> bool:
-        return len(self.acked) + len(self.failed) == len(self.write_set)
+        return (self.acked | self.failed).bit_count() == len(self.write_set)
+
+    def failed_positions(self) -> list[int]:
+        return [p for p in self.write_set if self.failed >> p & 1]
 
     def unanswered(self) -> list[int]:
-        return sorted(p for p in self.write_set if p not in self.acked and p not in self.failed)
+        answered = self.acked | self.failed
+        return sorted(p for p in self.write_set if not answered >> p & 1)
 
 
 class PendingAdds:
@@ -272,7 +279,7 @@ class PendingAdds:
         return frozenset(
             position
             for entry_id in range(self._lac + 1, self._next_entry_id)
-            for position in self._adds[entry_id].failed
+            for position in self._adds[entry_id].failed_positions()
         )
 
     def add(self, entry_id: int) -> tuple[int, ...]:
@@ -291,22 +298,23 @@ class PendingAdds:
         True when this ack completes the entry after the LAC, so `release` has work: most
         acks (the others of an entry, those of entries behind a gap) leave it nothing."""
         add = self._lookup(entry_id, position)
-        if add is None or position in add.failed or position in add.acked:
+        bit = 1 << position
+        if add is None or (add.acked | add.failed) & bit:
             return False
-        acked = add.acked
-        acked.add(position)
+        add.acked |= bit
         if entry_id <= self._lac:
             self._in_flight -= 1
             self._forget_if_done(entry_id, add)
             return False
-        return entry_id == self._lac + 1 and len(acked) == self.ack_quorum
+        return entry_id == self._lac + 1 and add.acked.bit_count() == self.ack_quorum
 
     def failed(self, entry_id: int, position: int) -> None:
         """Record that the bookie at `position` failed to store `entry_id`."""
         add = self._lookup(entry_id, position)
-        if add is None or position in add.acked or position in add.failed:
+        bit = 1 << position
+        if add is None or (add.acked | add.failed) & bit:
             return
-        add.failed.add(position)
+        add.failed |= bit
         if entry_id <= self._lac:
             self._in_flight -= 1
             self._under_replicated.add((entry_id, position))
@@ -316,12 +324,15 @@ class PendingAdds:
         """Confirm and return the entries that now extend the LAC, in order."""
         released: list[int] = []
         while (add := self._adds.get(self._lac + 1)) is not None and (
-            len(add.acked) >= self.ack_quorum
+            add.acked.bit_count() >= self.ack_quorum
         ):
             self._lac += 1
             released.append(self._lac)
-            self._in_flight += len(add.write_set) - len(add.acked) - len(add.failed)
-            self._under_replicated.update((self._lac, position) for position in add.failed)
+            self._in_flight += len(add.write_set) - (add.acked | add.failed).bit_count()
+            if add.failed:
+                self._under_replicated.update(
+                    (self._lac, position) for position in add.failed_positions()
+                )
             self._forget_if_done(self._lac, add)
         return tuple(released)
 
@@ -334,8 +345,8 @@ class PendingAdds:
         for entry_id in range(self._lac + 1, self._next_entry_id):
             add = self._adds[entry_id]
             if position in add.write_set:
-                add.acked.discard(position)
-                add.failed.discard(position)
+                add.acked &= ~(1 << position)
+                add.failed &= ~(1 << position)
                 resend.append(entry_id)
         return tuple(resend)
 

@@ -21,6 +21,7 @@ same everywhere and can be tested without bookies:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from tally.core.durability import LedgerDurability, check_ledger
 from tally.core.errors import BadRequest
 from tally.core.ledger_audit import Category, Violation, over_replicated
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.schedule import expected_entries
+
+SpanKey = tuple[tuple[int, int, int], ...]
+"""A bookie's segments with entries: (first, last, its position in the ensemble) each."""
 
 SHOWN_RANGES = 4
 """Runs of entries a description names per bookie before it says "...": enough to look."""
@@ -84,6 +89,39 @@ def bookies_to_ask(metadata: LedgerMetadata) -> frozenset[str]:
         if last is not None and last >= first
         for bookie in segment.ensemble
     )
+
+
+def holds_schedule_exactly(metadata: LedgerMetadata, held: Mapping[str, bytes]) -> bool:
+    """Whether the bookies to ask, and only they, answered with exactly the entries their
+    write sets put there (`held`: each answer's availability encoding, canonical as
+    EntryAvailability writes it). Then `judge_ledger` finds nothing to report: no entry
+    lacks a copy and none is extra. A shortcut for the healthy ledger, with no decoding and
+    no set operation; any other answer is judged in full."""
+    expected = scheduled_encodings(metadata)
+    return held.keys() == expected.keys() and all(
+        held[bookie] == encoding for bookie, encoding in expected.items()
+    )
+
+
+def scheduled_encodings(metadata: LedgerMetadata) -> dict[str, bytes]:
+    """Each bookie to ask, with the encoding of the entries its write sets put there."""
+    spans: dict[str, list[tuple[int, int, int]]] = {}
+    for segment, first, last in metadata.segments_with_bounds():
+        if last is None or last < first:
+            continue
+        for position, bookie in enumerate(segment.ensemble):
+            spans.setdefault(bookie, []).append((first, last, position))
+    e, wq = metadata.ensemble_size, metadata.write_quorum
+    return {bookie: _scheduled_bytes(e, wq, tuple(held)) for bookie, held in spans.items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _scheduled_bytes(ensemble_size: int, write_quorum: int, spans: SpanKey) -> bytes:
+    """Ledgers of one shape (quorums, segment bounds, positions) share their schedule."""
+    held = EntryAvailability.empty()
+    for first, last, position in spans:
+        held = held.union(expected_entries(first, last, ensemble_size, write_quorum, position))
+    return held.to_bytes()
 
 
 def judge_ledger(

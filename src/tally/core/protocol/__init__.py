@@ -29,6 +29,8 @@ encoder would not write: a frame that decodes re-encodes to exactly its own byte
     LEDGER_INFO                     -                               fenced u8, LAC i64,
                                                                     entry count u64, bytes u64
     METADATA_COPY                   master key, ledger metadata     -
+    GET_LIST_OF_ENTRIES_OF_LEDGERS  ledger ids (scope u64,          records of a prefix of them
+      (no ledger)                   ledger u64), 1..128             (entry_lists.py)
 
 An error response's body is the error's message in UTF-8. A dump answers with one or more
 frames of records (scope u64, ledger u64, length u32, availability encoding); the last one
@@ -62,11 +64,19 @@ from tally.core.protocol.dump import (
     StateRecord,
     encode_availability_dump,
 )
+from tally.core.protocol.entry_lists import (
+    MAX_LEDGERS_PER_LIST,
+    LedgerEntries,
+    answer_records,
+    answered_prefix,
+)
 from tally.core.protocol.readers import FrameReader, RequestReader, ResponseReader
 from tally.core.protocol.requests import (
+    ADD_HEAD_SIZE,
     AddRequest,
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
+    GetListOfEntriesOfLedgersRequest,
     LedgerInfoRequest,
     MetadataCopyRequest,
     PreparedAdd,
@@ -80,6 +90,7 @@ from tally.core.protocol.responses import (
     AvailabilityDumpResponse,
     ErrorResponse,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersResponse,
     LedgerInfo,
     LedgerInfoResponse,
     MetadataCopyResponse,
@@ -99,9 +110,11 @@ from tally.core.protocol.wire import (
 )
 
 __all__ = [
+    "ADD_HEAD_SIZE",
     "KEEP_IN_PLACE",
     "MASTER_KEY_SIZE",
     "MAX_FRAME_SIZE",
+    "MAX_LEDGERS_PER_LIST",
     "REQUEST_HEADER_SIZE",
     "RESPONSE_HEADER_SIZE",
     "VERSION",
@@ -116,7 +129,10 @@ __all__ = [
     "FrameReader",
     "GetListOfEntriesOfLedgerRequest",
     "GetListOfEntriesOfLedgerResponse",
+    "GetListOfEntriesOfLedgersRequest",
+    "GetListOfEntriesOfLedgersResponse",
     "LedgerAvailability",
+    "LedgerEntries",
     "LedgerInfo",
     "LedgerInfoRequest",
     "LedgerInfoResponse",
@@ -136,5 +152,7 @@ __all__ = [
     "StateRecord",
     "WriteLacRequest",
     "WriteLacResponse",
+    "answer_records",
+    "answered_prefix",
     "encode_availability_dump",
 ]

@@ -10,10 +10,12 @@ from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import MalformedData
 from tally.core.ids import LedgerId
 from tally.core.protocol.dump import decode_records, decode_state_records
+from tally.core.protocol.entry_lists import decode_entry_records, decode_ledger_ids
 from tally.core.protocol.requests import (
     AddRequest,
     AvailabilityDumpRequest,
     GetListOfEntriesOfLedgerRequest,
+    GetListOfEntriesOfLedgersRequest,
     LedgerInfoRequest,
     MetadataCopyRequest,
     ReadLacRequest,
@@ -25,6 +27,7 @@ from tally.core.protocol.responses import (
     AddResponse,
     AvailabilityDumpResponse,
     GetListOfEntriesOfLedgerResponse,
+    GetListOfEntriesOfLedgersResponse,
     LedgerInfo,
     LedgerInfoResponse,
     MetadataCopyResponse,
@@ -120,6 +123,12 @@ def _decode_dump_request(
     return AvailabilityDumpRequest(request_id, bool(flags & WITH_STATE))
 
 
+def _decode_lists_request(
+    request_id: int, scope: int, ledger: int, entry_id: int, flags: int, body: memoryview
+) -> Request:
+    return GetListOfEntriesOfLedgersRequest(request_id, decode_ledger_ids(body))
+
+
 def _empty_request(
     make: Callable[[int, LedgerId], Request],
 ) -> Callable[[int, int, int, int, int, memoryview], Request]:
@@ -144,6 +153,7 @@ REQUEST_DECODERS: Final[dict[int, RequestDecoder]] = {
     Operation.AVAILABILITY_DUMP: _decode_dump_request,
     Operation.LEDGER_INFO: _empty_request(LedgerInfoRequest),
     Operation.METADATA_COPY: _decode_metadata_copy,
+    Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: _decode_lists_request,
 }
 
 
@@ -216,6 +226,11 @@ RESPONSE_DECODERS: Final[dict[int, Callable[[int, LedgerId, int, int, memoryview
     Operation.LEDGER_INFO: _decode_ledger_info_response,
     Operation.METADATA_COPY: _empty_response(
         lambda request_id, ledger_id, _: MetadataCopyResponse(request_id, ledger_id)
+    ),
+    Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: (
+        lambda request_id, ledger_id, entry_id, flags, body: GetListOfEntriesOfLedgersResponse(
+            request_id, decode_entry_records(body)
+        )
     ),
 }
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Final, NamedTuple, TypeAlias
 
 from tally.core.digest import crc32c
 from tally.core.entry_format import peek_header
 from tally.core.errors import BadDigest, BadRequest
 from tally.core.ids import LedgerId
+from tally.core.protocol.entry_lists import encode_ledger_ids
 from tally.core.protocol.wire import (
     ADD,
     DO_FENCING,
@@ -32,6 +33,9 @@ from tally.core.protocol.wire import (
     name,
     request_frame,
 )
+
+ADD_HEAD_SIZE: Final = ADD.size - LENGTH.size
+"""The bytes an ADD frame's length counts besides its entry (72)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,34 +93,54 @@ class AddRequest:
 
     def head(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
         """The frame up to its entry: the entry's bytes follow it on the wire."""
-        size = ADD.size - LENGTH.size + len(self.entry)
+        size = ADD_HEAD_SIZE + len(self.entry)
         check_header_fields(self, size, max_frame_size)
         check_master_key(self.master_key, self)
         check_int(self.crc32c, 0, U32, "crc32c", self)
-        ledger_id = self.ledger_id
-        return ADD.pack(
+        return _add_head(
             size,
-            VERSION,
-            self.operation,
-            RECOVERY_ADD if self.recovery else 0,
+            self.recovery,
             self.request_id,
-            ledger_id.scope,
-            ledger_id.id,
+            self.ledger_id,
             self.entry_id,
             self.master_key,
             self.crc32c,
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedAdd:
-    """One entry's ADD made once for all its copies: its CRC32C taken, its header checked
-    and packed once (request id 0); each connection writes `head_for` its own request id,
-    then the entry's bytes, shared."""
+def _add_head(
+    size: int,
+    recovery: bool,
+    request_id: int,
+    ledger_id: LedgerId,
+    entry_id: int,
+    master_key: bytes,
+    crc: int,
+) -> bytes:
+    """An ADD frame's head, its fields already checked."""
+    flags = RECOVERY_ADD if recovery else 0
+    scope, ledger = ledger_id.scope, ledger_id.id
+    return ADD.pack(
+        size, VERSION, Operation.ADD, flags, request_id, scope, ledger, entry_id, master_key, crc
+    )
 
-    request: AddRequest
-    """The ADD with request id 0: what a connection matches its answer against."""
+
+class PreparedAdd(NamedTuple):
+    """One entry's ADD made once for all its copies: its CRC32C taken, its header packed
+    once (request id 0); each connection writes `head_for` its own request id, then the
+    entry's bytes, shared. Its operation and ids are what a connection matches the answer
+    against. A tuple, as a writer makes one per entry."""
+
+    ledger_id: LedgerId
+    entry_id: int
     head: bytes
+    entry: EntryBytes
+    frame_size: int
+    """The frame's length prefix: what a connection's frame limit applies to."""
+
+    @property
+    def operation(self) -> Operation:
+        return Operation.ADD
 
     @classmethod
     def of(
@@ -126,22 +150,32 @@ class PreparedAdd:
         recovery: bool = False,
         max_frame_size: int = MAX_FRAME_SIZE,
     ) -> PreparedAdd:
+        """The ADD of any encoded entry, its ids read from it and every field checked."""
         request = AddRequest.for_entry(0, entry, master_key, recovery)
-        return cls(request, request.head(max_frame_size))
+        head = request.head(max_frame_size)
+        size = len(head) - LENGTH.size + len(request.entry)
+        return cls(request.ledger_id, request.entry_id, head, request.entry, size)
 
-    @property
-    def entry(self) -> EntryBytes:
-        return self.request.entry
+    @classmethod
+    def of_written(
+        cls, ledger_id: LedgerId, entry_id: int, entry: bytes, master_key: bytes
+    ) -> PreparedAdd:
+        """A writer's ADD of the entry it has just encoded with these ids, under a master
+        key it checked once for the ledger: nothing to read back, only the CRC32C to take
+        and the frame's size to hold to MAX_FRAME_SIZE."""
+        size = ADD_HEAD_SIZE + len(entry)
+        if size > MAX_FRAME_SIZE:
+            raise BadRequest(
+                f"ledger {ledger_id} entry {entry_id}: a frame of {size} bytes exceeds the "
+                f"limit of {MAX_FRAME_SIZE}"
+            )
+        head = _add_head(size, False, 0, ledger_id, entry_id, master_key, crc32c(entry))
+        return cls(ledger_id, entry_id, head, entry, size)
 
-    @property
-    def frame_size(self) -> int:
-        """The frame's length prefix: what a connection's frame limit applies to."""
-        return len(self.head) - LENGTH.size + len(self.request.entry)
-
-    def head_for(self, request_id: int) -> bytes:
+    def head_for(self, request_id: int) -> bytearray:
         head = bytearray(self.head)
         REQUEST_ID.pack_into(head, REQUEST_ID_OFFSET, request_id)
-        return bytes(head)
+        return head
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +266,22 @@ class AvailabilityDumpRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class GetListOfEntriesOfLedgersRequest:
+    """Ask which entries of each of `ledger_ids` the bookie's index has, in one request
+    (entry_lists.py): the replicas check's question, batched."""
+
+    operation: ClassVar[Operation] = Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS
+    request_id: int
+    ledger_ids: tuple[LedgerId, ...]
+    ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        body = encode_ledger_ids(self.ledger_ids, self)
+        return request_frame(self, NO_FLAGS, body, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerInfoRequest(_LedgerQuery):
     """Ask what the bookie knows of one ledger: fenced, LAC, entries and bytes stored."""
 
@@ -264,6 +314,7 @@ Request: TypeAlias = (
     | ReadLacRequest
     | WriteLacRequest
     | GetListOfEntriesOfLedgerRequest
+    | GetListOfEntriesOfLedgersRequest
     | AvailabilityDumpRequest
     | LedgerInfoRequest
     | MetadataCopyRequest

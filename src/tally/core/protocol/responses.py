@@ -10,6 +10,7 @@ from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, TallyError, from_code
 from tally.core.ids import LedgerId
 from tally.core.protocol.dump import LedgerAvailability, StateRecord, dump_record_parts
+from tally.core.protocol.entry_lists import LedgerEntries, record_parts
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.wire import (
     I32,
@@ -143,6 +144,21 @@ class GetListOfEntriesOfLedgerResponse(_Response):
 
 
 @dataclass(frozen=True, slots=True)
+class GetListOfEntriesOfLedgersResponse(_Response):
+    """What the bookie holds of a prefix of the ledgers asked, in their order (entry_lists.py)."""
+
+    operation: ClassVar[Operation] = Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS
+    request_id: int
+    records: tuple[LedgerEntries, ...]
+    ledger_id: LedgerId = field(default=NO_LEDGER, init=False)
+    entry_id: int = field(default=0, init=False)
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        body = b"".join(part for record in self.records for part in record_parts(record))
+        return response_frame(self, NO_FLAGS, body, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
 class AvailabilityDumpResponse(_Response):
     """One batch of a dump; `stream_end` marks the last (possibly empty) batch."""
 
@@ -252,6 +268,7 @@ Response: TypeAlias = (
     | ReadLacResponse
     | WriteLacResponse
     | GetListOfEntriesOfLedgerResponse
+    | GetListOfEntriesOfLedgersResponse
     | AvailabilityDumpResponse
     | LedgerInfoResponse
     | MetadataCopyResponse

@@ -51,6 +51,7 @@ class Operation(enum.IntEnum):
     AVAILABILITY_DUMP = 6
     LEDGER_INFO = 7
     METADATA_COPY = 8
+    GET_LIST_OF_ENTRIES_OF_LEDGERS = 9
 
 
 class Flags(enum.IntFlag):
@@ -93,6 +94,7 @@ RULES: Final = {
     Operation.AVAILABILITY_DUMP: _Rule(WITH_STATE, None, False),
     Operation.LEDGER_INFO: _Rule(0, None, True),
     Operation.METADATA_COPY: _Rule(0, None, True),
+    Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: _Rule(0, None, False),
 }
 
 
