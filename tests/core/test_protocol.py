@@ -1304,3 +1304,36 @@ def test_add_answers_out_of_shape_are_refused(
     frame = AddResponse(1, WIDE, 3).encode()
     with pytest.raises(MalformedData, match=problem):
         ResponseReader().feed(change(frame))
+
+
+@given(st.integers(0, UINT64_MAX), st.integers(0, INT64_MAX), st.booleans())
+def test_a_bookie_s_add_answer_is_the_add_response_of_the_request(
+    request_id: int, entry_id: int, recovery: bool
+) -> None:
+    """`AddResponse.answering` packs without checking again what the reader checked."""
+    frame = AddRequest.for_entry(request_id, entry_of(WIDE, entry_id), KEY, recovery).encode()
+    (request,) = RequestReader().feed(frame)
+    assert isinstance(request, AddRequest)
+    expected = AddResponse(request_id, WIDE, entry_id)
+    assert AddResponse.answering(request) == expected.encode()
+    assert ResponseReader().feed(AddResponse.answering(request)) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda f: f[:6] + b"\x00\x01" + f[8:], "flags"),  # DO_FENCING: a read's flag
+        (lambda f: f[:32] + struct.pack(">q", -1) + f[40:], "below 0"),  # a negative entry id
+        (lambda f: f[:4] + b"\x02" + f[5:], "version 2"),
+        (lambda f: f[:5] + b"\x81" + f[6:], "a response frame arrived"),
+        (lambda f: f[:32] + struct.pack(">q", 6) + f[40:], "entry 6 but the entry is"),
+    ],
+)
+def test_add_requests_out_of_shape_are_refused(
+    change: Callable[[bytes], bytes], problem: str
+) -> None:
+    """The reader's short path for adds lets through only what its general checks would."""
+    frame = AddRequest.for_entry(1, entry_of(WIDE, 5), KEY).encode()
+    assert RequestReader().feed(frame)[0].entry_id == 5
+    with pytest.raises(MalformedData, match=problem):
+        RequestReader().feed(change(frame))

@@ -923,6 +923,9 @@ class LedgerStorage:
             bound, count, size = state.last_entry, state.entry_count, state.byte_count
             entries = cache.entries(ledger_id)
             entry_ids = sorted(entries)
+            # The bytes of a run of entries in one file are summed before they are counted:
+            # a count per entry, keyed by an enum and the ledger, is a large part of the cost.
+            run_kind, run_file, run_bytes = None, 0, 0
             for entry_id in entry_ids:
                 crc, data = entries[entry_id]
                 location = (kept.get((ledger_id, entry_id)) if kept else None) or self._log.append(
@@ -930,13 +933,19 @@ class LedgerStorage:
                 )
                 batch.put_location(ledger_id, entry_id, location)
                 kind, file_id, counted = usage_of(location)
-                usage[kind, file_id, ledger_id] += counted
+                if kind is not run_kind or file_id != run_file:
+                    if run_kind is not None:
+                        usage[run_kind, run_file, ledger_id] += run_bytes
+                    run_kind, run_file, run_bytes = kind, file_id, 0
+                run_bytes += counted
                 count, size, replaced = self._counted(
                     ledger_id, entry_id, len(data), bound, count, size
                 )
                 if replaced is not None:
                     kind, file_id, counted = usage_of(replaced)
                     usage[kind, file_id, ledger_id] -= counted
+            if run_kind is not None:
+                usage[run_kind, run_file, ledger_id] += run_bytes
             totals[ledger_id] = _Totals(max(bound, entry_ids[-1]), count, size)
         self._log.flush()
         self._index.add_usage(batch, usage)

@@ -88,6 +88,8 @@ class LedgerWriter:
         )
         self._ensemble: list[str] = []
         self._answered: list[AddAnswered] = []
+        self._connections: list[BookieConnection | None] = []
+        """Each position's connection as last taken from the pool, while it stays open."""
         self._segment_start = 0
         self._enter_segment(metadata)
         self._entries: dict[int, PreparedAdd] = {}
@@ -216,7 +218,9 @@ class LedgerWriter:
         if self._error is not None:
             return
         bookie = self._ensemble[position]
-        connection = self._context.bookies.cached(bookie)
+        connection = self._connections[position]
+        if connection is None or connection.closed:
+            connection = self._connections[position] = self._context.bookies.cached(bookie)
         if connection is None:
             asyncio.get_running_loop().create_task(
                 self._send_after_dial(add.entry_id, position, bookie, add)
@@ -267,6 +271,7 @@ class LedgerWriter:
             partial(self._on_add, position, bookie)
             for position, bookie in enumerate(self._ensemble)
         ]
+        self._connections = [None] * len(self._ensemble)
 
     def _on_add(self, position: int, bookie: str, entry_id: int, error: Exception | None) -> None:
         if self._bookie_of(entry_id, position) != bookie:
@@ -274,7 +279,8 @@ class LedgerWriter:
         if error is None:
             if self._pending.ack(entry_id, position):
                 self._release()
-            self._wake_if_settled()
+            if self._settled is not None:
+                self._wake_if_settled()
         else:
             self._on_failure(entry_id, position, bookie, error)
 

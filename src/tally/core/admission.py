@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import Final
 
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.disk_usage import BookieMode, DiskState
@@ -48,6 +49,11 @@ class Admission:
     """A fencing read on a ledger not yet fenced here: journal the fence before replying."""
 
 
+_FIRST_KEY: Final = Admission(record_master_key=True, record_fence=False)
+_KNOWN_KEY: Final = Admission(record_master_key=False, record_fence=False)
+"""The two answers of an add or an explicit LAC, made once: one per add is a cost."""
+
+
 def admit_write(disk: DiskState, bookie_id: str, *, recovery: bool) -> None:
     """Refuse a write (an add, or the fence of a fencing read) on a read-only bookie, but
     let recovery's through while the journal still works: closing other writers' ledgers
@@ -76,7 +82,7 @@ def admit_add(
         )
     if access.fenced and not recovery:
         raise LedgerFenced(f"ledger {ledger_id} is fenced on this bookie: normal adds refused")
-    return Admission(record_master_key=access.master_key is None, record_fence=False)
+    return _FIRST_KEY if access.master_key is None else _KNOWN_KEY
 
 
 def admit_fencing_read(ledger_id: LedgerId, access: LedgerAccess, master_key: bytes) -> Admission:
@@ -90,7 +96,7 @@ def admit_write_lac(ledger_id: LedgerId, access: LedgerAccess, master_key: bytes
     """An explicit LAC comes from the writer: same key rules as an add, fence or not (it only
     advertises entries already acknowledged)."""
     _check_key(ledger_id, access, master_key)
-    return Admission(record_master_key=access.master_key is None, record_fence=False)
+    return _FIRST_KEY if access.master_key is None else _KNOWN_KEY
 
 
 def _check_key(ledger_id: LedgerId, access: LedgerAccess, master_key: bytes) -> None:

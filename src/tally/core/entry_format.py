@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Final
+from typing import Final, NamedTuple, TypeGuard
 
 from tally.core.digest import DigestType, compute, crc32c
 from tally.core.errors import BadDigest, BadRequest, MalformedData
@@ -46,9 +46,9 @@ class EntryFormat(enum.Enum):
 _HEADER_SIZES = {EntryFormat.V1: _V1_HEADER.size, EntryFormat.V2: _V2_HEADER.size}
 
 
-@dataclass(frozen=True, slots=True)
-class EntryHeader:
-    """The fields before the digest; `digest_type` is None for V1, which does not carry it."""
+class EntryHeader(NamedTuple):
+    """The fields before the digest; `digest_type` is None for V1, which does not carry it.
+    A tuple: a bookie peeks one on every add."""
 
     format: EntryFormat
     ledger_id: LedgerId
@@ -169,9 +169,11 @@ def peek_header(data: Buffer) -> EntryHeader:
     For a bookie, which indexes entries of ledgers whose password it does not know;
     nothing read here is trustworthy until `decode_entry` has verified the digest.
     """
-    # Bytes are read as they are (an add's entry usually is): a view of them costs more
-    # than the rest of the peek, on every add of both the client and the bookie.
-    view = data if type(data) is bytes else _as_view(data, "entry")
+    # Bytes and flat byte views (a writer's entry, a bookie's slice of its arena) are read
+    # as they are: another view costs more than the rest of the peek, on every add.
+    view: bytes | memoryview = (
+        data if type(data) is bytes or _flat(data) else _as_view(data, "entry")
+    )
     if not view:
         raise MalformedData("empty entry: no header")
     if view[0] & _V2_FLAG:
@@ -359,6 +361,12 @@ def _header(
             f"entry id {entry_id}, last add confirmed {lac}, length {length}"
         )
     return EntryHeader(format, ledger_id, entry_id, lac, length, digest_type)
+
+
+def _flat(data: Buffer) -> TypeGuard[memoryview]:
+    """Whether `data` is already the flat byte view `_as_view` would make (a bookie's
+    entry, a slice of its receive arena, always is)."""
+    return type(data) is memoryview and data.format == "B" and data.ndim == 1 and data.c_contiguous
 
 
 def _as_view(data: Buffer, what: str) -> memoryview:

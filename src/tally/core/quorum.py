@@ -374,6 +374,9 @@ class PendingAdds:
         return taken
 
     def _lookup(self, entry_id: int, position: int) -> _Add | None:
+        add = self._adds.get(entry_id)
+        if add is not None and position in add.write_set:
+            return add  # an add in flight, a position of its write set: nothing to check
         if not self._first_entry_id <= entry_id < self._next_entry_id:
             raise BadRequest(
                 f"entry {entry_id} was never added (added: {self._first_entry_id}.."
@@ -387,7 +390,7 @@ class PendingAdds:
                 f"{write_set(entry_id, self.ensemble_size, self.write_quorum)} of entry {entry_id}"
             )
         # None: confirmed with every copy answered, so any further answer is a repeat.
-        return self._adds.get(entry_id)
+        return add
 
     def _forget_if_done(self, entry_id: int, add: _Add) -> None:
         if entry_id <= self._lac and add.settled():

@@ -4,7 +4,7 @@ and direction, refusing any body an encoder would not write."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeAlias
 
 from tally.core.digest import MASTER_KEY_SIZE
 from tally.core.errors import MalformedData
@@ -55,7 +55,7 @@ keep a megabyte arena alive for a few bytes; so are long ones in an arena that o
 requests filled more than half of (`FrameReader._may_keep`)."""
 
 
-def _decode_add(
+def decode_add(
     request_id: int, scope: int, ledger: int, entry_id: int, flags: int, body: memoryview
 ) -> AddRequest:
     if len(body) < ADD_FIXED.size:
@@ -141,8 +141,11 @@ def _empty_request(
     return decode
 
 
-REQUEST_DECODERS: Final[dict[int, Callable[[int, int, int, int, int, memoryview], Request]]] = {
-    Operation.ADD: _decode_add,
+RequestDecoder: TypeAlias = Callable[[int, int, int, int, int, memoryview], Request]
+"""(request id, scope, ledger, entry id, flags, body) -> the request, its header checked."""
+
+REQUEST_DECODERS: Final[dict[int, RequestDecoder]] = {
+    Operation.ADD: decode_add,
     Operation.READ: _decode_read,
     Operation.READ_LAC: _empty_request(ReadLacRequest),
     Operation.WRITE_LAC: _decode_write_lac,

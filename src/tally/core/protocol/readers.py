@@ -9,7 +9,13 @@ from typing import ClassVar, Final, Generic, TypeAlias, TypeVar
 
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
-from tally.core.protocol.decoding import REQUEST_DECODERS, RESPONSE_DECODERS, utf8
+from tally.core.protocol.decoding import (
+    REQUEST_DECODERS,
+    RESPONSE_DECODERS,
+    RequestDecoder,
+    decode_add,
+    utf8,
+)
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.responses import AddResponse, ErrorResponse, Response
 from tally.core.protocol.wire import (
@@ -34,6 +40,8 @@ _Message = TypeVar("_Message")
 _Buffer: TypeAlias = bytes | bytearray | memoryview
 _AVAILABILITY_DUMP: Final = int(Operation.AVAILABILITY_DUMP)
 _ADD_RESPONSE: Final = int(Operation.ADD) | RESPONSE_BIT
+_ADD: Final = int(Operation.ADD)
+_ADD_FLAGS: Final = RULES[Operation.ADD].flags
 
 
 class FrameReader(ABC, Generic[_Message]):
@@ -215,11 +223,19 @@ class RequestReader(FrameReader[Request]):
         _, version, op_byte, flags, request_id, scope, ledger, entry_id = REQUEST.unpack_from(
             view, start - LENGTH.size
         )
-        operation = frame_operation(version, op_byte, response=False)
+        if op_byte == _ADD and version == VERSION and not flags & ~_ADD_FLAGS and entry_id >= 0:
+            # Adds are most of what a bookie receives: a well-formed one's header checks are
+            # these, without the look-ups by operation the others take.
+            operation, checked = Operation.ADD, True
+            decode: RequestDecoder = decode_add
+        else:
+            operation = frame_operation(version, op_byte, response=False)
+            decode, checked = REQUEST_DECODERS[operation], False
         try:
-            check_header(operation, flags, RULES[operation].flags, scope, ledger, entry_id)
+            if not checked:
+                check_header(operation, flags, RULES[operation].flags, scope, ledger, entry_id)
             body = view[start + REQUEST_HEADER_SIZE : stop]
-            request = REQUEST_DECODERS[operation](request_id, scope, ledger, entry_id, flags, body)
+            request = decode(request_id, scope, ledger, entry_id, flags, body)
             if isinstance(request, AddRequest) and type(request.entry) is memoryview:
                 return self._kept_or_copied(request, stop)
             return request

@@ -4,14 +4,14 @@ frame of its stream, see dump.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Final, TypeAlias
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, TallyError, from_code
 from tally.core.ids import LedgerId
 from tally.core.protocol.dump import LedgerAvailability, StateRecord, dump_record_parts
 from tally.core.protocol.entry_lists import LedgerEntries, record_parts
-from tally.core.protocol.requests import Request
+from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.wire import (
     I32,
     I64,
@@ -20,7 +20,11 @@ from tally.core.protocol.wire import (
     MAX_FRAME_SIZE,
     NO_FLAGS,
     NO_LEDGER,
+    RESPONSE,
+    RESPONSE_BIT,
+    RESPONSE_HEADER_SIZE,
     U64,
+    VERSION,
     EntryBytes,
     Flags,
     Operation,
@@ -54,6 +58,27 @@ class AddResponse(_Response):
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
         return response_frame(self, NO_FLAGS, b"", max_frame_size)
+
+    @staticmethod
+    def answering(request: AddRequest) -> bytes:
+        """The frame of the OK answer to a decoded `request`, packed as it is: a request
+        the reader decoded has ids a header may hold, which `encode` would check again (a
+        bookie answers every add so)."""
+        ledger_id = request.ledger_id
+        return RESPONSE.pack(
+            RESPONSE_HEADER_SIZE,
+            VERSION,
+            _ADD_RESPONSE,
+            NO_FLAGS,
+            request.request_id,
+            ledger_id.scope,
+            ledger_id.id,
+            request.entry_id,
+            0,
+        )
+
+
+_ADD_RESPONSE: Final = Operation.ADD | RESPONSE_BIT
 
 
 @dataclass(frozen=True, slots=True)
