@@ -20,6 +20,8 @@ from tally.core.entry_format import (
     header_size,
     peek_header,
     stored_digest_type,
+    verified_entry,
+    verify_entry,
 )
 from tally.core.errors import BadDigest, BadRequest, MalformedData
 from tally.core.ids import UINT64_MAX, LedgerId
@@ -548,3 +550,23 @@ def test_what_is_no_entry_tells_no_digest_type_but_malformed_data() -> None:
         stored_digest_type(sample(DigestType.CRC32C, EntryFormat.V1)[:20])
     short = sample(DigestType.CRC32, EntryFormat.V1)[: header_size(EntryFormat.V1) + 3]
     assert stored_digest_type(short) is None  # a header, but no room for either CRC
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_verify_entry_checks_as_decode_entry_does_without_the_payload(
+    digest_type: DigestType,
+) -> None:
+    """A repair verifies a copy it passes on as it is: the same checks, the header only."""
+    key = KEY if digest_type is DigestType.HMAC else b""
+    data = encode_entry(LedgerId(1, 9), 5, 4, 1000, b"payload" * 10, digest_type, key)
+    head = verify_entry(data, digest_type, key, MAX_ENTRY_SIZE)
+    assert (head.ledger_id, head.entry_id, head.last_add_confirmed) == (LedgerId(1, 9), 5, 4)
+    assert verified_entry(data, head, digest_type) == decode_entry(data, digest_type, key)
+    if digest_type is DigestType.DUMMY:
+        return
+    corrupt = bytearray(data)
+    corrupt[-1] ^= 1
+    with pytest.raises(BadDigest, match="digest mismatch in ledger"):
+        verify_entry(bytes(corrupt), digest_type, key, MAX_ENTRY_SIZE)
+    with pytest.raises(MalformedData, match="exceeds the limit"):
+        verify_entry(data, digest_type, key, len(data) - 1)

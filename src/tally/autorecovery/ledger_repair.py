@@ -302,23 +302,33 @@ class LedgerRepair:
     async def _copy(
         self, metadata: LedgerMetadata, segment: SegmentRepair, new_bookies: dict[int, str]
     ) -> _CopyTally:
-        """Every entry of the segment's repairs, `rereplication_entry_batch_size` at a time."""
+        """Every entry of the segment's repairs, `rereplication_entry_batch_size` at a time.
+
+        A semaphore holds the window rather than `asyncio.wait` on the copies in flight,
+        which adds and removes a callback on each of them for every entry."""
         tally = _CopyTally()
-        window = self.config.rereplication_entry_batch_size
+        window = asyncio.Semaphore(self.config.rereplication_entry_batch_size)
         pending: set[asyncio.Task[None]] = set()
+        broken: list[asyncio.Task[None]] = []
+
+        def finished(task: asyncio.Task[None]) -> None:
+            pending.discard(task)
+            window.release()
+            if not task.cancelled() and task.exception() is not None:
+                broken.append(task)
+
         try:
             for sources in segment.entries():
-                if len(pending) >= window:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        task.result()  # a bug, not a bookie's answer: end the turn
-                pending.add(
-                    asyncio.create_task(self._copy_entry(metadata, sources, new_bookies, tally))
-                )
+                await window.acquire()
+                if broken:
+                    broken[0].result()  # a bug, not a bookie's answer: end the turn
+                task = asyncio.create_task(self._copy_entry(metadata, sources, new_bookies, tally))
+                pending.add(task)
+                task.add_done_callback(finished)
             if pending:
-                done, pending = await asyncio.wait(pending)
-                for task in done:
-                    task.result()
+                await asyncio.wait(pending)
+            if broken:
+                broken[0].result()
         finally:
             for task in pending:
                 task.cancel()
@@ -377,9 +387,12 @@ class LedgerRepair:
         raw = fetched.raw
         metrics.BYTES_READ.inc(len(raw))
         await self.worker.throttle(len(raw))
-        written = await asyncio.gather(
-            *(self._write(bookie, raw, entry_id) for _, bookie in targets)
-        )
+        if len(targets) == 1:  # one lost bookie: most repairs, without a gather's futures
+            written = [await self._write(targets[0][1], raw, entry_id)]
+        else:
+            written = await asyncio.gather(
+                *(self._write(bookie, raw, entry_id) for _, bookie in targets)
+            )
         for (repair, bookie), ok in zip(targets, written, strict=True):
             if not ok:
                 tally.failed_entries += 1

@@ -104,9 +104,11 @@ class JournalEntries:
         `location`, if the head names the ledger, the entry and the CRC32C that the index
         holds and the bytes match that CRC32C; EntryCorrupt saying what is wrong otherwise."""
         _, _, size, crc = location
-        where = self._where(location, ledger_id, entry_id)
         if len(raw) < ENTRY_HEAD.size + size:
-            raise EntryCorrupt(f"{where}: short read, {len(raw)} of {ENTRY_HEAD.size + size} bytes")
+            raise EntryCorrupt(
+                f"{self._where(location, ledger_id, entry_id)}: short read, "
+                f"{len(raw)} of {ENTRY_HEAD.size + size} bytes"
+            )
         kind, scope, ledger, entry, _, head_crc = ENTRY_HEAD.unpack_from(raw)
         if (kind, scope, ledger, entry, head_crc) != (
             RecordType.ENTRY,
@@ -116,14 +118,16 @@ class JournalEntries:
             crc,
         ):
             raise EntryCorrupt(
-                f"{where}: the journal record there is of type {kind}, entry {entry} of ledger "
+                f"{self._where(location, ledger_id, entry_id)}: the journal record there is "
+                f"of type {kind}, entry {entry} of ledger "
                 f"{LedgerId(scope, ledger)}, CRC32C 0x{head_crc:08x}; the index says 0x{crc:08x}"
             )
         data = raw[ENTRY_HEAD.size : ENTRY_HEAD.size + size]
         actual = crc32c(data)
         if actual != crc:
             raise EntryCorrupt(
-                f"{where}: CRC32C of the {size} bytes is 0x{actual:08x}, stored 0x{crc:08x}: "
+                f"{self._where(location, ledger_id, entry_id)}: CRC32C of the {size} bytes "
+                f"is 0x{actual:08x}, stored 0x{crc:08x}: "
                 "the bytes are corrupt"
             )
         return crc, data

@@ -20,8 +20,8 @@ from prometheus_client import Counter
 
 from tally.client.context import ClientContext
 from tally.core.answers import Answer
-from tally.core.digest import LedgerKeys
-from tally.core.entry_format import Entry, decode_entry
+from tally.core.digest import DigestType, LedgerKeys
+from tally.core.entry_format import MAX_ENTRY_SIZE, Entry, EntryHeader, verified_entry, verify_entry
 from tally.core.errors import (
     BadDigest,
     BadRequest,
@@ -51,10 +51,16 @@ class LedgerEntry:
 
 @dataclass(frozen=True, slots=True)
 class FetchedEntry:
-    """A verified copy: its bytes as stored (recovery re-writes them) and their fields."""
+    """A verified copy: its bytes as stored (recovery re-writes them) and their header; the
+    payload is copied out only when asked for (`entry`): a repair passes `raw` on as it is."""
 
     raw: bytes
-    entry: Entry
+    header: EntryHeader
+    digest_type: DigestType
+
+    @property
+    def entry(self) -> Entry:
+        return verified_entry(self.raw, self.header, self.digest_type)
 
 
 class EntryFetcher:
@@ -87,18 +93,18 @@ class EntryFetcher:
             self._report_corrupt(bookie, entry_id, error)
             raise
         try:
-            entry = decode_entry(raw, metadata.digest_type, self.mac_key)
+            header = verify_entry(raw, metadata.digest_type, self.mac_key, MAX_ENTRY_SIZE)
         except BadDigest as error:
             self._report_corrupt(bookie, entry_id, error)
             raise
-        if entry.ledger_id != self.ledger_id or (entry_id >= 0 and entry.entry_id != entry_id):
+        if header.ledger_id != self.ledger_id or (entry_id >= 0 and header.entry_id != entry_id):
             misplaced = BadDigest(
-                f"bookie {bookie} answered ledger {entry.ledger_id} entry {entry.entry_id} "
+                f"bookie {bookie} answered ledger {header.ledger_id} entry {header.entry_id} "
                 f"for ledger {self.ledger_id} entry {entry_id}"
             )
             self._report_corrupt(bookie, entry_id, misplaced)
             raise misplaced
-        return FetchedEntry(raw, entry)
+        return FetchedEntry(raw, header, metadata.digest_type)
 
     def _report_corrupt(self, bookie: str, entry_id: int, error: TallyError) -> None:
         CORRUPT_COPIES.inc()

@@ -197,40 +197,58 @@ def decode_entry(
     digest does not match or names another type than the ledger's.
     """
     digest_type = DigestType.parse(digest_type)
+    head = verify_entry(data, digest_type, key, max_size)
+    return verified_entry(data, head, digest_type)
+
+
+def verify_entry(data: Buffer, digest_type: DigestType, key: bytes, max_size: int) -> EntryHeader:
+    """`decode_entry`'s checks, without copying the payload out: the header of an entry
+    whose digest matched (for a copy that is passed on as it is, such as a repair's)."""
+    digest_type = DigestType.parse(digest_type)
     _check_key(digest_type, key)
     view = _as_view(data, "entry")
     if len(view) > max_size:
         raise MalformedData(f"entry of {len(view)} bytes exceeds the limit of {max_size} bytes")
     head = peek_header(view)
-    where = f"ledger {head.ledger_id} entry {head.entry_id}"
     if head.digest_type not in (None, digest_type):
         raise BadDigest(
-            f"{where} carries a {head.digest_type.name} digest but the ledger uses "
+            f"{_where(head)} carries a {head.digest_type.name} digest but the ledger uses "
             f"{digest_type.name}"
         )
-    header_end = header_size(head.format)
-    digest_end = header_end + digest_type.size
+    digest_end = header_size(head.format) + digest_type.size
     if len(view) < digest_end:
         raise MalformedData(
-            f"{where} ({head.format.name}) is {len(view)} bytes; header and "
+            f"{_where(head)} ({head.format.name}) is {len(view)} bytes; header and "
             f"{digest_type.name} digest need {digest_end}"
         )
     if not _digest_matches(view, head.format, digest_type, key):
-        raise BadDigest(f"{digest_type.name} digest mismatch in {where} ({head.format.name})")
-    payload = bytes(view[digest_end:])
-    if head.length < len(payload):
-        raise MalformedData(
-            f"{where} has length {head.length}, less than its own payload of {len(payload)} bytes"
+        raise BadDigest(
+            f"{digest_type.name} digest mismatch in {_where(head)} ({head.format.name})"
         )
+    if head.length < len(view) - digest_end:
+        raise MalformedData(
+            f"{_where(head)} has length {head.length}, less than its own payload of "
+            f"{len(view) - digest_end} bytes"
+        )
+    return head
+
+
+def verified_entry(data: Buffer, head: EntryHeader, digest_type: DigestType) -> Entry:
+    """The entry `data` whose header `verify_entry` returned, its payload copied out."""
+    digest_end = header_size(head.format) + digest_type.size
     return Entry(
         ledger_id=head.ledger_id,
         entry_id=head.entry_id,
         last_add_confirmed=head.last_add_confirmed,
         length=head.length,
-        payload=payload,
+        payload=bytes(_as_view(data, "entry")[digest_end:]),
         digest_type=digest_type,
         format=head.format,
     )
+
+
+def _where(head: EntryHeader) -> str:
+    return f"ledger {head.ledger_id} entry {head.entry_id}"
 
 
 def stored_digest_type(data: Buffer) -> DigestType | None:
