@@ -12,7 +12,6 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -21,7 +20,7 @@ import tally
 import tally.client.writer as writer_module
 from tally.client.bookie_connection import BookieConnection
 from tally.core.digest import DigestType, mac_key, master_key
-from tally.core.entry_format import decode_entry, encode_entry
+from tally.core.entry_format import Buffer, EntryEncoder, decode_entry, encode_entry
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerState
 from tally.core.schedule import write_set
@@ -580,15 +579,19 @@ async def test_an_entry_changed_in_the_writer_after_its_digest_is_refused_by_eve
     was computed (and before the frame's CRC32C): the bookies check the CRC32C digest on
     the way in, the add fails, the writer stops, and no copy of it exists anywhere."""
     cluster = healthy
-    encode = writer_module.encode_entry
 
-    def corrupting(*args: Any, **kwargs: Any) -> bytes:
-        encoded = bytearray(encode(*args, **kwargs))
-        if args[1] == 3:  # entry 3
-            encoded[-1] ^= 0x04
-        return bytes(encoded)
+    class Corrupting(EntryEncoder):
+        __slots__ = ()
 
-    monkeypatch.setattr(writer_module, "encode_entry", corrupting)
+        def encode(
+            self, entry_id: int, last_add_confirmed: int, length: int, payload: Buffer
+        ) -> bytes:
+            encoded = bytearray(super().encode(entry_id, last_add_confirmed, length, payload))
+            if entry_id == 3:
+                encoded[-1] ^= 0x04
+            return bytes(encoded)
+
+    monkeypatch.setattr(writer_module, "EntryEncoder", Corrupting)
     async with tally.Client(cluster.uri, config=FAST) as client:
         w = await client.create_ledger(
             ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
