@@ -19,12 +19,12 @@ from tally.core.protocol.decoding import (
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.responses import AddResponse, ErrorResponse, Response
 from tally.core.protocol.wire import (
+    ADD_RESPONSE,
     LENGTH,
     MAX_FRAME_SIZE,
     REQUEST,
     REQUEST_HEADER_SIZE,
     RESPONSE,
-    RESPONSE_BIT,
     RESPONSE_HEADER_SIZE,
     RULES,
     STREAM_END,
@@ -39,7 +39,6 @@ from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 _Message = TypeVar("_Message")
 _Buffer: TypeAlias = bytes | bytearray | memoryview
 _AVAILABILITY_DUMP: Final = int(Operation.AVAILABILITY_DUMP)
-_ADD_RESPONSE: Final = int(Operation.ADD) | RESPONSE_BIT
 _ADD: Final = int(Operation.ADD)
 _ADD_FLAGS: Final = RULES[Operation.ADD].flags
 
@@ -267,7 +266,7 @@ class ResponseReader(FrameReader[Response]):
             RESPONSE.unpack_from(view, start - LENGTH.size)
         )
         if (
-            op_byte == _ADD_RESPONSE
+            op_byte == ADD_RESPONSE
             and not status
             and not flags
             and entry_id >= 0

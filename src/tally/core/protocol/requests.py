@@ -153,7 +153,7 @@ class PreparedAdd(NamedTuple):
         """The ADD of any encoded entry, its ids read from it and every field checked."""
         request = AddRequest.for_entry(0, entry, master_key, recovery)
         head = request.head(max_frame_size)
-        size = len(head) - LENGTH.size + len(request.entry)
+        size = ADD_HEAD_SIZE + len(request.entry)
         return cls(request.ledger_id, request.entry_id, head, request.entry, size)
 
     @classmethod

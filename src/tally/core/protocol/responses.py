@@ -4,7 +4,7 @@ frame of its stream, see dump.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, TypeAlias
+from typing import ClassVar, TypeAlias
 
 from tally.core.availability import EntryAvailability
 from tally.core.errors import BadRequest, TallyError, from_code
@@ -13,6 +13,7 @@ from tally.core.protocol.dump import LedgerAvailability, StateRecord, dump_recor
 from tally.core.protocol.entry_lists import LedgerEntries, record_parts
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.wire import (
+    ADD_RESPONSE,
     I32,
     I64,
     LAC,
@@ -21,7 +22,6 @@ from tally.core.protocol.wire import (
     NO_FLAGS,
     NO_LEDGER,
     RESPONSE,
-    RESPONSE_BIT,
     RESPONSE_HEADER_SIZE,
     U64,
     VERSION,
@@ -68,7 +68,7 @@ class AddResponse(_Response):
         return RESPONSE.pack(
             RESPONSE_HEADER_SIZE,
             VERSION,
-            _ADD_RESPONSE,
+            ADD_RESPONSE,
             NO_FLAGS,
             request.request_id,
             ledger_id.scope,
@@ -76,9 +76,6 @@ class AddResponse(_Response):
             request.entry_id,
             0,
         )
-
-
-_ADD_RESPONSE: Final = Operation.ADD | RESPONSE_BIT
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,10 @@ class Operation(enum.IntEnum):
     GET_LIST_OF_ENTRIES_OF_LEDGERS = 9
 
 
+ADD_RESPONSE: Final = int(Operation.ADD) | RESPONSE_BIT
+"""The operation byte of an ADD's answer: what the short paths for adds look for."""
+
+
 class Flags(enum.IntFlag):
     """Header flags. Messages expose them as fields (`recovery`, `master_key`, `stream_end`)."""
 
