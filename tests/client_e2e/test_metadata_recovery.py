@@ -546,3 +546,24 @@ def test_a_snapshot_of_another_cluster_is_refused(cluster: Cluster, tmp_path: Pa
     assert "Traceback" not in refused.stderr
     assert "is of cluster another-cluster" in refused.stderr, refused.stderr
     assert not (tmp_path / "report" / "ledgers").exists()
+
+
+def test_a_snapshot_with_undecodable_records_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    """Its unreadable tombstone would read as no deletion: the recovery decides nothing."""
+    snapshot = tmp_path / "snapshot"
+    taken = tally("audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot))
+    assert taken.returncode == 0, taken.stderr
+    recorded = json.loads((snapshot / "snapshot.json").read_text())
+    recorded["counts"]["unreadable_tombstones"] = 1
+    (snapshot / "snapshot.json").write_text(json.dumps(recorded))
+    exports = tmp_path / "exports"
+    bookie = cluster.bookies[0]
+    run(export_running_bookie(bookie.address, export_path(exports, bookie.address)))
+    refused = tally(
+        "cluster", "recover", "--exports", str(exports), "--from-snapshot", str(snapshot),
+        "--report", str(tmp_path / "report"),
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr
+    assert "1 tombstone records that did not decode" in refused.stderr, refused.stderr
+    assert not (tmp_path / "report" / "ledgers").exists()

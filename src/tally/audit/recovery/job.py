@@ -95,8 +95,8 @@ def read_cookies(exports: Path) -> dict[str, Cookie]:
 
 def read_snapshot(snapshot: Path, instance_id: str) -> dict[str, Any]:
     """The snapshot's snapshot.json, once it is known to be of the bookies' cluster and to
-    hold every ledger's metadata (no Spark needed). Format 3 is read too: its ledgers and
-    tombstones are those of format 4."""
+    hold every ledger's metadata and tombstone decoded (no Spark needed). Format 3 is read
+    too: its ledgers and tombstones are those of format 4."""
     schema.require_snapshot(snapshot, formats=(3, schema.FORMAT_VERSION))
     taken = json.loads((snapshot / schema.SNAPSHOT_JSON).read_text())
     recorded = taken.get("cluster", {}).get("instance_id")
@@ -104,6 +104,16 @@ def read_snapshot(snapshot: Path, instance_id: str) -> dict[str, Any]:
         raise CookieMismatch(
             f"the snapshot at {snapshot} is of cluster {recorded}, and the bookies' cookies "
             f"name cluster {instance_id}: give a snapshot of this cluster, or none"
+        )
+    counts = taken.get("counts", {})
+    unreadable = counts.get("unreadable_ledgers", 0), counts.get("unreadable_tombstones", 0)
+    if any(unreadable):
+        # A deletion whose tombstone did not decode would read as no deletion, and a ledger
+        # whose record did not decode as a ledger without metadata: nothing is decided on that.
+        raise BadRequest(
+            f"the snapshot at {snapshot} holds {unreadable[0]} ledger and {unreadable[1]} "
+            "tombstone records that did not decode: recover without --from-snapshot, or "
+            "from a snapshot taken without them"
         )
     ledgers = ds.dataset(str(snapshot / schema.LEDGERS), schema=schema.LEDGERS_SCHEMA)
     if ledgers.count_rows(filter=ds.field("metadata").is_null()):
