@@ -123,6 +123,74 @@ def test_a_records_two_parts_and_the_crc_its_caller_checked_replay_as_one(
         run(long_head())
 
 
+def test_records_appended_together_are_answered_once_when_the_last_is_durable(
+    tmp_path: Path,
+) -> None:
+    """`append_all_then`: the records of one call span several batches here; its callback
+    is called once, with the last one's mark, after the batches before it are durable."""
+    bodies = numbered(50, 400)
+
+    async def scenario() -> tuple[list[tuple[JournalMark | None, Exception | None]], int]:
+        journal = Journal(tmp_path, max_batch_bytes=4096, **SMALL)
+        await journal.start()
+        answers: list[tuple[JournalMark | None, Exception | None]] = []
+        await journal.append(b"before")
+        journal.append_all_then(
+            [(b"h%d" % i, body, None) for i, body in enumerate(bodies)],
+            lambda *answer: answers.append(answer),
+        )
+        await journal.append(b"after")
+        batches = journal.stats.batches
+        await journal.close()
+        return answers, batches
+
+    answers, batches = run(scenario())
+    records = replayed(tmp_path)
+    assert [record for _, record in records] == [
+        b"before",
+        *(b"h%d" % i + body for i, body in enumerate(bodies)),
+        b"after",
+    ]
+    assert answers == [(records[-2][0], None)]
+    assert batches > 3
+
+
+def test_records_appended_together_fail_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.pwrite
+
+    def broken(*args: Any) -> Any:
+        if b"doomed" in bytes(args[1]):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(*args)
+
+    monkeypatch.setattr(os, "pwrite", broken)
+
+    async def scenario() -> list[tuple[JournalMark | None, Exception | None]]:
+        journal = Journal(tmp_path, direct_io=False, **SMALL)
+        await journal.start()
+        await journal.append(b"one")
+        answers: list[tuple[JournalMark | None, Exception | None]] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def answered(*answer: Any) -> None:
+            answers.append(answer)
+            done.set_result(None)
+
+        journal.append_all_then([(b"", b"doomed %d" % i, None) for i in range(3)], answered)
+        await done
+        with pytest.raises(WriteFailed):
+            journal.append_all_then([(b"", b"later", None)], answered)
+        await journal.close()
+        return answers
+
+    ((mark, error),) = run(scenario())
+    assert mark is None
+    assert isinstance(error, WriteFailed)
+    assert getattr(error.__cause__, "errno", None) == errno.EIO
+
+
 def test_replay_from_a_mark_returns_only_what_follows_it(tmp_path: Path) -> None:
     records = numbered(30, 200)
     marks = run(write_journal(tmp_path, records, file_size=2000, max_batch_bytes=500, **SMALL))

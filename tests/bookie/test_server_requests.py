@@ -331,6 +331,57 @@ async def test_an_add_whose_crc_does_not_match_is_refused_and_not_stored(
         await connection.add(entry(known, 1), KEY)  # the honest retry goes through
 
 
+async def test_adds_received_together_are_each_answered_as_alone(
+    bookie: BookieUnderTest,
+) -> None:
+    """One send, read by the bookie in one receive: runs of one ledger's adds go as a batch,
+    and a refused add in a batch is refused alone."""
+    ledger, other = new_ledger(), new_ledger()
+    await add_all(bookie.address, [entry(ledger, 0)])  # the ledger's key is KEY
+    bad = entry(ledger, 3)
+    adds = [
+        AddRequest.for_entry(1, entry(ledger, 1), KEY),
+        AddRequest.for_entry(2, entry(ledger, 2), KEY),
+        AddRequest(3, bad, KEY, crc32c(bad) ^ 1),  # a bad CRC32C, amid good adds
+        AddRequest.for_entry(4, entry(ledger, 4), KEY),
+        AddRequest.for_entry(5, entry(other, 0), KEY),  # another ledger, a run of its own
+        AddRequest.for_entry(6, entry(other, 1), KEY),
+        AddRequest.for_entry(7, entry(ledger, 5), OTHER_KEY),  # the wrong key
+        AddRequest.for_entry(8, entry(ledger, 6), OTHER_KEY),
+        AddRequest.for_entry(9, entry(ledger, 3), KEY, recovery=True),  # one by one
+        AddRequest.for_entry(10, entry(ledger, 7), KEY),
+    ]
+    before = bookie.metrics()
+    raw = await RawConnection.open(bookie.address)
+    try:
+        await raw.send(b"".join(add.encode() for add in adds))
+        answers = {response.request_id: response for response in await raw.responses(10)}
+    finally:
+        await raw.close()
+    after = bookie.metrics()
+    refused = {
+        request_id: type(answer.error())
+        for request_id, answer in answers.items()
+        if isinstance(answer, ErrorResponse)
+    }
+    assert refused == {3: BadDigest, 7: Unauthorized, 8: Unauthorized}
+    async with connected(bookie.address) as connection:
+        assert list(await connection.get_list_of_entries(ledger)) == [0, 1, 2, 3, 4, 7]
+        assert list(await connection.get_list_of_entries(other)) == [0, 1]
+        assert await connection.read(ledger, 3) == entry(ledger, 3)  # the recovery add's
+        assert await connection.read(ledger, 7) == entry(ledger, 7)
+        assert await connection.read_lac(ledger) == 6
+    ok = sample(after, "bookie_requests_total", operation="ADD", result="ok") - sample(
+        before, "bookie_requests_total", operation="ADD", result="ok"
+    )
+    assert ok == 7
+    assert (
+        sample(after, "bookie_add_entry_seconds_count")
+        - sample(before, "bookie_add_entry_seconds_count")
+        == 7
+    )
+
+
 # --- the wire: frames that cannot be read ---------------------------------------------------
 
 BAD_STREAMS = {

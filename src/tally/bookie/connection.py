@@ -21,8 +21,9 @@ from tally.core.receive_limits import ReceiveBudget, ReceiveProgress
 
 log = logging.getLogger(__name__)
 
-Dispatch = Callable[[protocol.Request, "BookieConnectionHandler"], None]
-"""Answers one request on the connection it came from (the bookie's request processor)."""
+Dispatch = Callable[[list[protocol.Request], "BookieConnectionHandler"], None]
+"""Answers the requests of one receive on the connection they came from (the bookie's
+request processor)."""
 
 
 class BookieConnectionHandler(asyncio.BufferedProtocol):
@@ -109,8 +110,8 @@ class BookieConnectionHandler(asyncio.BufferedProtocol):
             if not self._budget.hold(self, size):
                 self._wait_for_budget()
             self._admit_waiters()
-        for request in requests:
-            self._dispatch(request, self)
+        if requests:
+            self._dispatch(requests, self)
 
     def _wait_for_budget(self) -> None:
         """Stop reading until the budget has room for the frame begun: its sender slows

@@ -69,7 +69,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +114,8 @@ RECENT_FDATASYNCS = 1024
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
 """`append_then`'s callback: (the record's mark, None) once it is durable, else (None, the
 WriteFailed)."""
+JournalRecord: TypeAlias = tuple[bytes, "bytes | memoryview", "int | None"]
+"""A record for `append_all_then`: its head, its body, and the body's CRC32C if known."""
 OnFailure: TypeAlias = Callable[[WriteFailed], None]
 """Told, on the event loop, when the journal stops taking records (before any waiter)."""
 
@@ -147,7 +149,8 @@ class JournalStats:
         return recent[min(len(recent) - 1, int(q * len(recent)))]
 
 
-_Waiter: TypeAlias = asyncio.Future[JournalMark] | Done
+_Waiter: TypeAlias = asyncio.Future[JournalMark] | Done | None
+"""Whoever waits for a record: None for the records of `append_all_then` but its last."""
 _Batch: TypeAlias = StagedBuffer[_Waiter]
 
 
@@ -171,7 +174,7 @@ class _Retired(NamedTuple):
 class _WriteError(NamedTuple):
     """A batch whose write failed: answered with the error, in its turn."""
 
-    waiters: list[asyncio.Future[JournalMark] | Done]
+    waiters: list[_Waiter]
     error: WriteFailed
 
 
@@ -439,7 +442,7 @@ class Journal:
         if self._failure is not None:
             future.set_exception(self._write_failed())
             return future
-        self._enqueue(loop, b"", record, future)
+        self._enqueue(loop, ((b"", record, None),), future)
         return future
 
     def append_then(
@@ -453,10 +456,17 @@ class Journal:
         batch's completion on the event loop (it must not raise): the add path's way in.
         Raises WriteFailed at once if the journal has already failed.
         """
+        self.append_all_then(((head, body, body_crc),), done)
+
+    def append_all_then(self, records: Sequence[JournalRecord], done: Done) -> None:
+        """Journal each (head, body, body's CRC32C or None) as `append_then` does one, in
+        order; `done` is called once, with the last record's mark, when all are durable (a
+        record is never durable before those journaled ahead of it): the way in for the
+        adds of one receive, which are answered together."""
         loop = self._running_loop()
         if self._failure is not None:
             raise self._write_failed()
-        self._enqueue(loop, head, body, done, body_crc)
+        self._enqueue(loop, records, done)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._state is not _RUNNING or self._loop is None:
@@ -466,18 +476,21 @@ class Journal:
     def _enqueue(
         self,
         loop: asyncio.AbstractEventLoop,
-        head: bytes,
-        body: bytes | memoryview,
+        records: Sequence[JournalRecord],
         waiter: asyncio.Future[JournalMark] | Done,
-        body_crc: int | None = None,
     ) -> None:
-        framed = frame(head, len(body), crc32c(body) if body_crc is None else body_crc)
+        framed = [
+            (frame(head, len(body), crc32c(body) if crc is None else crc), body)
+            for head, body, crc in records
+        ]
+        last = len(framed) - 1
         stage = self._stage
         assert stage is not None
         if not stage.queued_bytes and self.max_batch_delay:
             self._first_queued_at = loop.time()
         with self._queue_lock:
-            stage.add(framed, body, waiter)
+            for position, (head, body) in enumerate(framed):
+                stage.add(head, body, waiter if position == last else None)
             if self._in_flight:
                 return
         if self._flush_handle is None:
@@ -630,7 +643,7 @@ class Journal:
                     f"journal {self.directory}: fdatasync failed: {error}"
                 )
                 failure.__cause__ = error
-        answers: list[tuple[list[asyncio.Future[JournalMark] | Done], _Outcome]] = []
+        answers: list[tuple[list[_Waiter], _Outcome]] = []
         for item in items:
             if isinstance(item, _Retired):
                 continue
@@ -663,17 +676,13 @@ class Journal:
         self.stats.last_fdatasync_seconds = elapsed
         self.stats.recent_fdatasync_seconds.append(elapsed)
 
-    def _batches_done(
-        self, answers: list[tuple[list[asyncio.Future[JournalMark] | Done], _Outcome]]
-    ) -> None:
+    def _batches_done(self, answers: list[tuple[list[_Waiter], _Outcome]]) -> None:
         with self._queue_lock:
             self._pending_sync -= len(answers)
         for waiters, outcome in answers:
             self._batch_done(waiters, outcome)
 
-    def _batch_done(
-        self, waiters: list[asyncio.Future[JournalMark] | Done], outcome: _Outcome
-    ) -> None:
+    def _batch_done(self, waiters: list[_Waiter], outcome: _Outcome) -> None:
         if isinstance(outcome, Exception):
             self._in_flight = False
             if self._failure is None:
@@ -684,6 +693,8 @@ class Journal:
             file_id, ends = outcome
             self._last_mark = JournalMark(file_id, ends[-1])
             for waiter, end in zip(waiters, ends, strict=True):
+                if waiter is None:
+                    continue
                 if isinstance(waiter, asyncio.Future):
                     if not waiter.done():
                         waiter.set_result(JournalMark(file_id, end))
@@ -697,7 +708,7 @@ class Journal:
         elif self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    def _fail(self, error: Exception, waiters: list[asyncio.Future[JournalMark] | Done]) -> None:
+    def _fail(self, error: Exception, waiters: list[_Waiter]) -> None:
         if isinstance(error, WriteFailed):
             self._failure = error
         else:
@@ -714,8 +725,10 @@ class Journal:
                 log.exception("journal: the failure callback failed")
         self._fail_waiters(waiting)
 
-    def _fail_waiters(self, waiters: list[asyncio.Future[JournalMark] | Done]) -> None:
+    def _fail_waiters(self, waiters: list[_Waiter]) -> None:
         for waiter in waiters:
+            if waiter is None:
+                continue
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_exception(self._write_failed())

@@ -62,6 +62,7 @@ from tally.bookie.ledger_storage import (
     CorruptEntry,
     LedgerStorage,
     LedgerStorageStats,
+    NewEntryT,
     OnCorrupt,
 )
 from tally.bookie.storage_totals import combined, summed
@@ -346,6 +347,16 @@ class LedgerDirectories:
         (storage or self._writing(ledger_id)).add_entry(
             ledger_id, entry_id, crc32c, data, last_add_confirmed
         )
+
+    def add_entries(
+        self,
+        ledger_id: LedgerId,
+        entries: Sequence[NewEntryT],
+        refused: Callable[[NewEntryT, TallyError], None],
+    ) -> list[NewEntryT]:
+        directory = self._placement.get(ledger_id)
+        storage = directory.writable if directory is not None else None
+        return (storage or self._writing(ledger_id)).add_entries(ledger_id, entries, refused)
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
         self._writing(ledger_id).set_master_key(ledger_id, master_key)

@@ -65,10 +65,10 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -98,7 +98,7 @@ from tally.bookie.index import (
 )
 from tally.bookie.journal_entries import JournalEntries, JournalLocation
 from tally.bookie.scrubber import Scrubber, ScrubStats, ScrubStep, Verdict
-from tally.bookie.write_cache import WriteCache
+from tally.bookie.write_cache import Stored, WriteCache
 from tally.core.admission import LedgerAccess
 from tally.core.availability import EntryAvailability
 from tally.core.compaction import DiskSpace
@@ -114,6 +114,7 @@ from tally.core.errors import (
     MalformedData,
     NoSuchEntry,
     NoSuchLedger,
+    TallyError,
     Unauthorized,
     WriteFailed,
 )
@@ -125,6 +126,22 @@ from tally.core.scrub import ScrubPass
 from tally.failpoints import failpoint
 
 log = logging.getLogger(__name__)
+
+
+class NewEntry(Protocol):
+    """An entry to add as `add_entries` takes it (an ADD request is one)."""
+
+    @property
+    def entry_id(self) -> int: ...
+    @property
+    def crc32c(self) -> int: ...
+    @property
+    def entry(self) -> EntryBytes: ...
+    @property
+    def last_add_confirmed(self) -> int: ...
+
+
+NewEntryT = TypeVar("NewEntryT", bound=NewEntry)
 
 LAST_ENTRY = -1
 """The entry id that reads the highest entry the bookie holds (BookKeeper's LAST_ADD_CONFIRMED
@@ -306,26 +323,50 @@ class LedgerStorage:
         An add replaces the copy held (see the module docstring); the checkpoint that
         indexes the new copy ends the old one's corrupt mark, if it had one.
         """
-        _check_entry_id(entry_id, ledger_id)
-        _check_lac(last_add_confirmed, ledger_id)
-        if not data:
-            raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
-        stored = data if type(data) is bytes or len(data) >= KEEP_IN_PLACE else bytes(data)
-        actual = compute_crc32c(stored)
-        if actual != crc32c:
-            raise BadDigest(
-                f"entry {entry_id} of ledger {ledger_id}: CRC32C of the {len(stored)} bytes is "
-                f"0x{actual:08x}, the client sent 0x{crc32c & 0xFFFFFFFF:08x}"
-            )
+        stored = _checked(ledger_id, entry_id, crc32c, data, last_add_confirmed)
+        with self._lock:
+            self._store(self._touch(ledger_id), ledger_id, entry_id, stored, last_add_confirmed)
+
+    def add_entries(
+        self,
+        ledger_id: LedgerId,
+        entries: Sequence[NewEntryT],
+        refused: Callable[[NewEntryT, TallyError], None],
+    ) -> list[NewEntryT]:
+        """`add_entry` for a run of one ledger's entries (the adds of one receive), under
+        one lock: returns those stored; each one refused is told to `refused` instead."""
+        checked: list[tuple[NewEntryT, Stored]] = []
+        for entry in entries:
+            try:
+                stored = _checked(
+                    ledger_id, entry.entry_id, entry.crc32c, entry.entry, entry.last_add_confirmed
+                )
+            except TallyError as error:
+                refused(entry, error)
+            else:
+                checked.append((entry, stored))
         with self._lock:
             state = self._touch(ledger_id)
-            if last_add_confirmed > state.piggyback_lac:
-                state.piggyback_lac = last_add_confirmed
-            # Not marked dirty: the next checkpoint writes the state of every ledger in the
-            # cache it flushes, and this one is in it from here on.
-            self._cache.put(ledger_id, entry_id, (crc32c, stored))
-            self._counters.entries_added += 1
-            self._counters.bytes_added += len(stored)
+            for entry, stored in checked:
+                self._store(state, ledger_id, entry.entry_id, stored, entry.last_add_confirmed)
+        return [entry for entry, _ in checked]
+
+    def _store(
+        self,
+        state: LedgerData,
+        ledger_id: LedgerId,
+        entry_id: int,
+        stored: Stored,
+        last_add_confirmed: int,
+    ) -> None:
+        """Put a checked entry into the write cache (call under `_lock`)."""
+        if last_add_confirmed > state.piggyback_lac:
+            state.piggyback_lac = last_add_confirmed
+        # Not marked dirty: the next checkpoint writes the state of every ledger in the
+        # cache it flushes, and this one is in it from here on.
+        self._cache.put(ledger_id, entry_id, stored)
+        self._counters.entries_added += 1
+        self._counters.bytes_added += len(stored[1])
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
         """Record the ledger's master key; the first one stays, a different one is refused."""
@@ -1163,6 +1204,25 @@ def _check_ledger_id(ledger_id: LedgerId) -> None:
 
 
 _INTEGERS = (int, np.integer)
+
+
+def _checked(
+    ledger_id: LedgerId, entry_id: int, crc32c: int, data: EntryBytes, last_add_confirmed: int
+) -> Stored:
+    """An entry's (CRC32C, bytes) as the write cache keeps them, once its ids, its size and
+    the client's CRC32C of it check out (see `LedgerStorage.add_entry`)."""
+    _check_entry_id(entry_id, ledger_id)
+    _check_lac(last_add_confirmed, ledger_id)
+    if not data:
+        raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
+    stored = data if type(data) is bytes or len(data) >= KEEP_IN_PLACE else bytes(data)
+    actual = compute_crc32c(stored)
+    if actual != crc32c:
+        raise BadDigest(
+            f"entry {entry_id} of ledger {ledger_id}: CRC32C of the {len(stored)} bytes is "
+            f"0x{actual:08x}, the client sent 0x{crc32c & 0xFFFFFFFF:08x}"
+        )
+    return crc32c, stored
 
 
 def _check_entry_id(entry_id: int, ledger_id: LedgerId) -> int:

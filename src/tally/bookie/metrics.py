@@ -136,9 +136,9 @@ class RequestCounter(Collector):
         self._documentation = documentation
         self._counts: dict[tuple[str, str], int] = {}
 
-    def inc(self, operation: str, result: str) -> None:
+    def inc(self, operation: str, result: str, count: int = 1) -> None:
         key = (operation, result)
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + count
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
@@ -160,9 +160,10 @@ class LatencyHistogram(Collector):
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self._counts[bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
+    def observe(self, seconds: float, count: int = 1) -> None:
+        """`count` events that each took `seconds` (the adds answered together)."""
+        self._counts[bisect_left(self._bounds, seconds)] += count
+        self._sum += seconds * count
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         cumulative = accumulate(list(self._counts))

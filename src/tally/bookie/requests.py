@@ -20,7 +20,7 @@ from typing import ClassVar
 from tally.bookie import journal_records
 from tally.bookie.connection import BookieConnectionHandler
 from tally.bookie.journal import Journal
-from tally.bookie.journal_entries import kept_location
+from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, kept_location
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_directories import BookieStorage
 from tally.bookie.metrics import BookieMetrics
@@ -73,6 +73,21 @@ class BookieRequestProcessor:
         self._max_frame_size = max_frame_size
         self._cookie = cookie
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
+
+    def dispatch_all(
+        self, requests: list[protocol.Request], connection: BookieConnectionHandler
+    ) -> None:
+        """Answer the requests of one receive, in order: a run of plain adds of one ledger
+        is taken as one batch (`_add_batch`), anything else one by one."""
+        count = len(requests)
+        start = 0
+        while start < count:
+            stop = _batch_end(requests, start)
+            if stop - start > 1:
+                self._add_batch(requests[start:stop], connection)  # type: ignore[arg-type]
+            else:
+                self.dispatch(requests[start], connection)
+            start = stop
 
     def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
         """Answer one request; errors become error responses, never a dropped connection."""
@@ -205,6 +220,79 @@ class BookieRequestProcessor:
         metrics = self.metrics
         metrics.requests.inc(_ADD, "ok")
         metrics.add_entry_seconds.observe(time.perf_counter() - started)
+
+    def _add_batch(
+        self, adds: list[protocol.AddRequest], connection: BookieConnectionHandler
+    ) -> None:
+        """Plain adds of one ledger under one master key, received together, taken as one:
+        admitted once, stored under one lock, journaled with one waiter and answered in
+        one write; an add refused (a bad digest, say) is answered with its error alone.
+
+        An add alone costs a bookie some forty Python calls; in a batch, those left per
+        add are its decode, its checks, its cache entry and its journal record."""
+        started = time.perf_counter()
+        first = adds[0]
+        ledger_id = first.ledger_id
+        storage = self.storage
+        try:
+            admit_write(self.disk, self.bookie_id, recovery=False)
+            admission = admit_add(
+                ledger_id, storage.ledger_access(ledger_id), first.master_key, recovery=False
+            )
+            adds = [add for add in adds if self._digest_checked(add, connection)]
+            adds = storage.add_entries(
+                ledger_id, adds, lambda add, error: self._fail(add, connection, error)
+            )
+            if not adds:
+                return
+            if admission.record_master_key:
+                storage.set_master_key(ledger_id, first.master_key)
+                self._journal_master_key(ledger_id, first.master_key)
+            records = [
+                (
+                    journal_records.entry_record_head(
+                        ledger_id, add.entry_id, add.last_add_confirmed, add.crc32c
+                    ),
+                    add.entry,
+                    add.crc32c,  # add_entries has just checked the entry's CRC32C
+                )
+                for add in adds
+            ]
+            self.journal.append_all_then(
+                records, partial(self._added_all, adds, connection, started)
+            )
+        except Exception as error:  # none of `adds` answered yet
+            for add in adds:
+                self._raised(add, connection, error)
+
+    def _digest_checked(
+        self, request: protocol.AddRequest, connection: BookieConnectionHandler
+    ) -> bool:
+        """Whether the entry's own digest checks out; if not, the add is answered so."""
+        try:
+            check_crc_digest(request.entry)
+        except Exception as error:
+            self._raised(request, connection, error)
+            return False
+        return True
+
+    def _added_all(
+        self,
+        adds: list[protocol.AddRequest],
+        connection: BookieConnectionHandler,
+        started: float,
+        mark: JournalMark | None,
+        error: Exception | None,
+    ) -> None:
+        """Acknowledge a batch of adds whose journal records are durable, in one write."""
+        if mark is None:
+            for add in adds:
+                self._journal_failed(add, connection, error or WriteFailed("journal lost it"))
+            return
+        connection.send(b"".join([protocol.AddResponse.answering(add) for add in adds]))
+        metrics = self.metrics
+        metrics.requests.inc(_ADD, "ok", len(adds))
+        metrics.add_entry_seconds.observe(time.perf_counter() - started, len(adds))
 
     def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
         started = time.perf_counter()
@@ -381,6 +469,32 @@ class BookieRequestProcessor:
         protocol.LedgerInfoRequest: _ledger_info,
         protocol.AvailabilityDumpRequest: _dump,
     }
+
+
+def _batch_end(requests: list[protocol.Request], start: int) -> int:
+    """Where the run of adds that `_add_batch` may take together, from `start`, ends: plain
+    adds of small entries (never kept in the journal, whose marks they would each need) to
+    the ledger of the first, under its master key. `start + 1` if there is no such run."""
+    first = requests[start]
+    if (
+        type(first) is not protocol.AddRequest
+        or first.recovery
+        or len(first.entry) >= KEPT_ENTRY_SIZE
+    ):
+        return start + 1
+    scope, ledger, key = first.ledger_id.scope, first.ledger_id.id, first.master_key
+    for stop in range(start + 1, len(requests)):
+        request = requests[stop]
+        if (
+            type(request) is not protocol.AddRequest
+            or request.recovery
+            or len(request.entry) >= KEPT_ENTRY_SIZE
+            or request.ledger_id.id != ledger
+            or request.ledger_id.scope != scope
+            or request.master_key != key
+        ):
+            return stop
+    return len(requests)
 
 
 def _ignore(mark: JournalMark | None, error: Exception | None) -> None:

@@ -326,7 +326,11 @@ class Bookie:
         assert self._requests is not None, "bookie not started"
         reader = protocol.RequestReader(self.config.max_frame_size, self.receive_arenas)
         return BookieConnectionHandler(
-            self._requests.dispatch, reader, self._connections, self.metrics, self.receive_budget
+            self._requests.dispatch_all,
+            reader,
+            self._connections,
+            self.metrics,
+            self.receive_budget,
         )
 
     def _replay(self) -> int:
