@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import re
 import struct
 from collections.abc import Callable
 
@@ -57,6 +58,7 @@ from tally.core.protocol import (
     WriteLacResponse,
     encode_availability_dump,
 )
+from tally.core.protocol.decoding import decode_add
 from tally.core.protocol.dump import state_record_parts
 from tally.core.receive_arenas import MIN_RECEIVE, ReceiveArenas
 
@@ -501,6 +503,75 @@ def test_random_chunkings_give_the_same_messages(batch: list[Request], data: st.
         decoded.extend(reader.feed(memoryview(stream)[start:stop]))
     assert decoded == batch
     assert reader.pending_bytes == 0
+
+
+V1_HEADER = struct.Struct(">Qqqq")  # ledger, entry id, LAC, length
+V2_HEADER = struct.Struct(">BQQqqq")  # flags, scope, ledger, entry id, LAC, length
+V2_FLAGS = [0xA0 | digest.value for digest in DigestType]
+WRONG_VALUES = {
+    "first byte": st.one_of(st.integers(0xA0, 0xAF), st.integers(0, 255)),
+    "entry id": st.one_of(st.sampled_from([-(2**63), -1]), st.integers(-(2**63), INT64_MAX)),
+    "LAC": st.one_of(st.sampled_from([-(2**63), -2, -1]), st.integers(-(2**63), INT64_MAX)),
+    "length": st.one_of(st.sampled_from([-(2**63), -1]), st.integers(-(2**63), INT64_MAX)),
+    "named ledger": u64s,
+}
+
+
+@given(
+    st.one_of(st.none(), st.sampled_from(V2_FLAGS)),
+    st.tuples(u64s, u64s, entry_ids, lacs, entry_ids),
+    st.one_of(st.none(), st.sampled_from(sorted(WRONG_VALUES))),
+    st.data(),
+)
+def test_an_add_s_short_way_decodes_as_the_long_way_or_refuses_too(
+    v2_flags: int | None,
+    fields: tuple[int, int, int, int, int],
+    wrong: str | None,
+    data: st.DataObject,
+) -> None:
+    """An ADD whose entry's header (V1 if `v2_flags` is None) is well formed, or has one
+    field set to any value: the bookie reader's short way and `decode_add` agree, on the
+    request or the refusal."""
+    scope, ledger, entry_id, lac, length = fields
+    if v2_flags is None:
+        scope, ledger = 0, ledger & INT64_MAX
+    named = ledger
+    value = data.draw(WRONG_VALUES[wrong], label=wrong) if wrong is not None else None
+    entry_id = value if wrong == "entry id" else entry_id
+    lac = value if wrong == "LAC" else lac
+    length = value if wrong == "length" else length
+    named = value if wrong == "named ledger" else named
+    if v2_flags is None:
+        head = V1_HEADER.pack(ledger, entry_id, lac, length)
+    else:
+        head = V2_HEADER.pack(v2_flags, scope, ledger, entry_id, lac, length)
+    entry = bytearray(head + b"digest, payload")
+    if wrong == "first byte":
+        entry[0] = value
+    assert_read_as_decode_add_reads(bytes(entry), LedgerId(scope, named), max(entry_id, 0))
+
+
+@pytest.mark.parametrize(
+    "header", [V1_HEADER.pack(7, 3, 2, 10), V2_HEADER.pack(0xA1, 0, 7, 3, 2, 10)]
+)
+def test_an_add_whose_entry_header_is_cut_short_is_refused_either_way(header: bytes) -> None:
+    for size in range(len(header)):
+        assert_read_as_decode_add_reads(header[:size], LedgerId(0, 7), 3)
+
+
+def assert_read_as_decode_add_reads(entry: bytes, named: LedgerId, entry_id: int) -> None:
+    """The reader decodes an ADD of `entry` (named so by its frame) as `decode_add` does, or
+    refuses it for the same reason; followed by more bytes, as it is in a stream."""
+    body = KEY + struct.pack(">I", crc32c(entry)) + entry
+    frame = request_frame(Operation.ADD, body, ledger_id=named, entry_id=entry_id)
+    following = ReadLacRequest(1, named).encode()
+    try:
+        expected = decode_add(9, named.scope, named.id, entry_id, 0, memoryview(body))
+    except MalformedData as error:
+        with pytest.raises(MalformedData, match=re.escape(str(error))):
+            RequestReader().feed(frame + following)
+        return
+    assert RequestReader().feed(frame + following)[0] == expected
 
 
 def test_a_cut_frame_stays_pending_until_complete() -> None:

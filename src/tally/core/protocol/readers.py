@@ -7,9 +7,11 @@ from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import ClassVar, Final, Generic, TypeAlias, TypeVar
 
+from tally.core.entry_format import header_ids
 from tally.core.errors import BadRequest, MalformedData
 from tally.core.ids import LedgerId
 from tally.core.protocol.decoding import (
+    KEEP_IN_PLACE,
     REQUEST_DECODERS,
     RESPONSE_DECODERS,
     RequestDecoder,
@@ -19,9 +21,11 @@ from tally.core.protocol.decoding import (
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.responses import AddResponse, ErrorResponse, Response
 from tally.core.protocol.wire import (
+    ADD_FIXED,
     ADD_RESPONSE,
     LENGTH,
     MAX_FRAME_SIZE,
+    RECOVERY_ADD,
     REQUEST,
     REQUEST_HEADER_SIZE,
     RESPONSE,
@@ -61,6 +65,7 @@ class FrameReader(ABC, Generic[_Message]):
         "_end",
         "_failure",
         "_kept_bytes",
+        "_ledger_id",
         "_max_frame_size",
         "_offset",
         "_start",
@@ -88,6 +93,15 @@ class FrameReader(ABC, Generic[_Message]):
         """Bytes of the arena that decoded messages hold views of."""
         self._offset = 0
         self._failure: str | None = None
+        self._ledger_id = LedgerId(0, 0)
+        """The ledger of the last ADD decoded: a writer's adds and answers name the same one."""
+
+    def _ledger(self, scope: int, ledger: int) -> LedgerId:
+        """LedgerId(scope, ledger), the last one's again when it names the same ledger."""
+        ledger_id = self._ledger_id
+        if ledger_id.id != ledger or ledger_id.scope != scope:
+            ledger_id = self._ledger_id = LedgerId(scope, ledger)
+        return ledger_id
 
     @property
     def pending_bytes(self) -> int:
@@ -225,6 +239,10 @@ class RequestReader(FrameReader[Request]):
         if op_byte == _ADD and version == VERSION and not flags & ~_ADD_FLAGS and entry_id >= 0:
             # Adds are most of what a bookie receives: a well-formed one's header checks are
             # these, without the look-ups by operation the others take.
+            named = (scope, ledger, entry_id)
+            add = self._well_formed_add(view, start, stop, request_id, flags, named)
+            if add is not None:
+                return add
             operation, checked = Operation.ADD, True
             decode: RequestDecoder = decode_add
         else:
@@ -241,6 +259,31 @@ class RequestReader(FrameReader[Request]):
         except MalformedData as error:
             raise MalformedData(f"{operation.name} request {request_id}: {error}") from None
 
+    def _well_formed_add(
+        self,
+        view: memoryview,
+        start: int,
+        stop: int,
+        request_id: int,
+        flags: int,
+        named: tuple[int, int, int],
+    ) -> AddRequest | None:
+        """The ADD in view[start:stop] if its entry's header is well formed and names the
+        (scope, ledger, entry id) its frame's header `named`: read once, with the frame's
+        ledger id again if it is the last one's. None for `decode_add` to say what is wrong."""
+        body = start + REQUEST_HEADER_SIZE
+        ids = header_ids(view, body + ADD_FIXED.size, stop)
+        if ids is None or ids[:3] != named:
+            return None
+        master_key, crc = ADD_FIXED.unpack_from(view, body)
+        scope, ledger, entry_id, lac = ids
+        entry: bytes | memoryview = view[body + ADD_FIXED.size : stop]
+        if len(entry) < KEEP_IN_PLACE or not self._may_keep(len(entry), stop):
+            entry = bytes(entry)
+        recovery = bool(flags & RECOVERY_ADD)
+        held = (self._ledger(scope, ledger), entry_id, lac)
+        return AddRequest.decoded(request_id, entry, master_key, crc, recovery, held)
+
     def _kept_or_copied(self, request: AddRequest, stop: int) -> AddRequest:
         if self._may_keep(len(request.entry), stop):
             return request
@@ -250,16 +293,9 @@ class RequestReader(FrameReader[Request]):
 class ResponseReader(FrameReader[Response]):
     """The client's side: decodes responses, errors as ErrorResponse."""
 
-    __slots__ = ("_ledger_id",)
+    __slots__ = ()
     _kind = "response"
     _header_size = RESPONSE_HEADER_SIZE
-
-    def __init__(
-        self, max_frame_size: int = MAX_FRAME_SIZE, arenas: ReceiveArenas | None = None
-    ) -> None:
-        super().__init__(max_frame_size, arenas)
-        self._ledger_id = LedgerId(0, 0)
-        """The ledger of the last ADD answered: a writer's answers all name the same one."""
 
     def _decode(self, view: memoryview, start: int, stop: int) -> Response:
         _, version, op_byte, flags, request_id, scope, ledger, entry_id, status = (
@@ -275,10 +311,7 @@ class ResponseReader(FrameReader[Response]):
         ):
             # A replicated add's answers are most of what a client receives: the one
             # well-formed shape they take is decoded here, past the general checks.
-            ledger_id = self._ledger_id
-            if ledger_id.id != ledger or ledger_id.scope != scope:
-                ledger_id = self._ledger_id = LedgerId(scope, ledger)
-            return AddResponse(request_id, ledger_id, entry_id)
+            return AddResponse(request_id, self._ledger(scope, ledger), entry_id)
         operation = frame_operation(version, op_byte, response=True)
         try:
             # A response's only flag ends a dump's stream; an error ends any request anyway.

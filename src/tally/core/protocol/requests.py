@@ -72,6 +72,30 @@ class AddRequest:
         object.__setattr__(self, "last_add_confirmed", head.last_add_confirmed)
 
     @classmethod
+    def decoded(
+        cls,
+        request_id: int,
+        entry: EntryBytes,
+        master_key: bytes,
+        crc32c: int,
+        recovery: bool,
+        ids: tuple[LedgerId, int, int],
+    ) -> AddRequest:
+        """An ADD whose entry's header a reader has just read: `ids` (its ledger id, entry
+        id and LAC), which the frame's header named too. Not peeked at again."""
+        request = object.__new__(cls)
+        set_field = object.__setattr__  # frozen: as the dataclass's own __init__ does
+        set_field(request, "request_id", request_id)
+        set_field(request, "entry", entry)
+        set_field(request, "master_key", master_key)
+        set_field(request, "crc32c", crc32c)
+        set_field(request, "recovery", recovery)
+        set_field(request, "ledger_id", ids[0])
+        set_field(request, "entry_id", ids[1])
+        set_field(request, "last_add_confirmed", ids[2])
+        return request
+
+    @classmethod
     def for_entry(
         cls, request_id: int, entry: bytes, master_key: bytes, recovery: bool = False
     ) -> AddRequest:
