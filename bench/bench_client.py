@@ -185,16 +185,22 @@ async def paced(writer: LedgerWriter, payload: bytes, rate: float, seconds: floa
 
 
 async def measure_paced(
-    client: Client, quorums: tuple[int, int, int], seconds: float
-) -> list[float]:
-    """Latencies of appends paced at PACED_RATE on a new ledger of these quorums."""
+    client: Client, quorums: tuple[int, int, int], seconds: float, bookies: Sequence[int]
+) -> Load:
+    """Appends paced at PACED_RATE on a new ledger of these quorums: their latencies, and
+    the CPU each costs at that rate (far more than under a window: each add wakes every
+    process and thread on its way by itself)."""
     ensemble, write, ack = quorums
     writer = await client.create_ledger(
         ensemble_size=ensemble, write_quorum=write, ack_quorum=ack, password=PASSWORD
     )
+    started, cpu, bookie_cpu = time.perf_counter(), time.process_time(), cpu_seconds(bookies)
     latencies = await paced(writer, os.urandom(ENTRY_SIZE), PACED_RATE, seconds)
+    cpu, bookie_cpu = time.process_time() - cpu, cpu_seconds(bookies) - bookie_cpu
+    elapsed = time.perf_counter() - started
     await writer.close()
-    return latencies
+    count = len(latencies)
+    return Load(count / elapsed, latencies, cpu / count, bookie_cpu / count)
 
 
 async def measure_load(
@@ -331,7 +337,7 @@ def summarize(
     disk_mb: float,
     raw_rate: float,
     raw_mb: float,
-    loads: dict[str, tuple[Load, list[float]]],
+    loads: dict[str, tuple[Load, Load]],
     through_tasks: Load,
     recoveries: Sequence[Recovery],
 ) -> dict[str, float]:
@@ -343,7 +349,7 @@ def summarize(
         "raw_request_reply_per_s": raw_rate,
         "raw_loopback_mb_per_s": raw_mb,
     }
-    for name, (load, latencies) in loads.items():
+    for name, (load, paced_load) in loads.items():
         figures |= {
             f"{name}_adds_per_s": load.adds_per_s,
             f"{name}_mb_per_s": load.mb_per_s,
@@ -351,8 +357,10 @@ def summarize(
             f"{name}_bookie_cpu_us_per_add": load.bookie_cpu_per_add * 1e6,
             f"{name}_loaded_p50_ms": quantile(load.latencies, 0.5) * 1e3,
             f"{name}_loaded_p99_ms": quantile(load.latencies, 0.99) * 1e3,
-            f"{name}_paced_p50_ms": quantile(latencies, 0.5) * 1e3,
-            f"{name}_paced_p99_ms": quantile(latencies, 0.99) * 1e3,
+            f"{name}_paced_p50_ms": quantile(paced_load.latencies, 0.5) * 1e3,
+            f"{name}_paced_p99_ms": quantile(paced_load.latencies, 0.99) * 1e3,
+            f"{name}_paced_client_cpu_us_per_add": paced_load.client_cpu_per_add * 1e6,
+            f"{name}_paced_bookie_cpu_us_per_add": paced_load.bookie_cpu_per_add * 1e6,
         }
     figures |= {
         "e3_tasks_adds_per_s": through_tasks.adds_per_s,
@@ -430,7 +438,9 @@ def print_table(f: dict[str, float]) -> None:
         )
         row(
             f"{title}: latency paced at {PACED_RATE:,} appends/s, p50 / p99",
-            f"{f[f'{name}_paced_p50_ms']:.2f} / {f[f'{name}_paced_p99_ms']:.2f} ms",
+            f"{f[f'{name}_paced_p50_ms']:.2f} / {f[f'{name}_paced_p99_ms']:.2f} ms (CPU per add:"
+            f" client {f[f'{name}_paced_client_cpu_us_per_add']:.0f} us,"
+            f" bookies {f[f'{name}_paced_bookie_cpu_us_per_add']:.0f} us)",
             f"2 x p99 fdatasync + 1 ms: {budget:.2f} ms",
             f"{f[f'{name}_paced_p99_ms'] / budget:.2f} (p99)",
         )
@@ -509,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         async def run(
             metadata: str, pids: list[int]
         ) -> tuple[
-            dict[str, tuple[Load, list[float]]],
+            dict[str, tuple[Load, Load]],
             Load,
             list[Recovery],
             tuple[pstats.Stats, int] | None,
@@ -519,12 +529,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                 # checkpoints of its entries would run during them, and the faster that
                 # load, the more there is to checkpoint.
                 quorums = {"e3": (3, 3, 2), "e1": (1, 1, 1)}
-                latencies = {
-                    name: await measure_paced(client, sizes, args.seconds)
+                paced_loads = {
+                    name: await measure_paced(client, sizes, args.seconds, pids)
                     for name, sizes in quorums.items()
                 }
                 loads = {
-                    name: (await measure_load(client, sizes, args.seconds, pids), latencies[name])
+                    name: (await measure_load(client, sizes, args.seconds, pids), paced_loads[name])
                     for name, sizes in quorums.items()
                 }
                 through_tasks = await measure_tasks(client, args.seconds, pids)
