@@ -59,22 +59,31 @@ def test_an_audit_of_a_missing_snapshot_says_how_to_take_one(tmp_path: Path) -> 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [("snapshot", "--out", "snap"), ("confirm", "--report", "r")])
-def test_an_audit_of_a_store_that_is_not_there_creates_none(
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("audit", "snapshot", "--out", "{tmp}/snap"),
+        ("audit", "confirm", "--report", "{tmp}/r"),
+        ("cluster", "settings"),
+        ("cluster", "settings", "--set", "tombstone_retention=60"),
+        ("cluster", "nuke", "--force"),
+    ],
+)
+def test_a_command_on_a_store_that_is_not_there_creates_none(
     tmp_path: Path, command: tuple[str, ...]
 ) -> None:
+    """Commands that read or change a cluster refuse a mistyped sqlite path in one line
+    and leave nothing behind (only `cluster init`, and `cluster recover --apply` for a lost
+    store, create one)."""
     missing = tmp_path / "typo.db"
-    name, option, value = command
-    result = tally(
-        "audit", name, option, str(tmp_path / value), "--metadata", f"sqlite:///{missing}"
-    )
+    arguments = [part.format(tmp=tmp_path) for part in command]
+    result = tally(*arguments, "--metadata", f"sqlite:///{missing}")
     assert result.returncode == 1
     assert one_line(result.stderr) == (
         f"error: no metadata store at {missing}; create a cluster with "
         f"`tally cluster init --metadata sqlite:///{missing}`"
     )
-    assert not missing.exists()
-    assert not (tmp_path / value).exists()
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_the_shell_on_a_store_without_a_cluster_says_how_to_create_one(tmp_path: Path) -> None:

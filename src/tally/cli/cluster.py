@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import typer
 
 from tally.cli import cluster_recovery
-from tally.cli.options import Metadata, required_metadata
+from tally.cli.options import Metadata, existing_metadata, required_metadata
 from tally.core.deletion import parse_seconds
 from tally.core.errors import TallyError
 from tally.metadata.cluster import (
@@ -89,7 +89,7 @@ def nuke(
     timeout: ConnectTimeout = DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Delete the cluster and everything in it: ledgers, bookies, cookies, marks."""
-    metadata = required_metadata(metadata)
+    metadata = existing_metadata(metadata)
     if not force:
         typer.echo(
             f"refusing to nuke the cluster in {metadata} without --force: it deletes the "
@@ -126,7 +126,7 @@ def settings(
 ) -> None:
     """Show the cluster settings (delete retention, archival, tombstones, lost bookie
     recovery delay), or change them with --set KEY=VALUE; durations are in seconds."""
-    uri = required_metadata(metadata)
+    uri = existing_metadata(metadata)
     wanted: dict[str, str] = {}
     for change in changes or []:
         key, sep, value = change.partition("=")
