@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.bookie.direct_io import aligned_up
-from tally.bookie.journal import ZERO_AHEAD, ZERO_AHEAD_BELOW, Journal, out_of_space
+from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import FRAME_SIZE, HEADER_SIZE, JournalMark, file_name
 from tally.chaos.disks import FilesystemRefused, fill, small_filesystem
@@ -189,36 +189,6 @@ def test_records_appended_together_fail_together(
     assert mark is None
     assert isinstance(error, WriteFailed)
     assert getattr(error.__cause__, "errno", None) == errno.EIO
-
-
-def test_a_small_batch_writes_zeros_ahead_of_itself_and_a_large_one_does_not(
-    tmp_path: Path,
-) -> None:
-    """Preallocated space is a hole to SEEK_HOLE on ext4 (unwritten extents) until written:
-    a lone small record leaves ZERO_AHEAD bytes after it written, so that the next ones'
-    fdatasyncs commit no allocation; a large batch leaves the space as it was."""
-    probe = tmp_path / "probe"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT)
-    try:
-        os.posix_fallocate(fd, 0, 1 << 20)
-        if os.lseek(fd, 0, os.SEEK_HOLE) != 0:
-            pytest.skip("this file system does not show preallocated space as a hole")
-    finally:
-        os.close(fd)
-
-    def hole_after_records(directory: Path, records: list[bytes]) -> tuple[int, int]:
-        marks = run(write_journal(directory, records, preallocate_size=4 << 20))
-        (path,) = [file for _, file in journal_files(directory)]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return marks[-1].offset, os.lseek(fd, 0, os.SEEK_HOLE)
-        finally:
-            os.close(fd)
-
-    end, hole = hole_after_records(tmp_path / "small", [b"small record"])
-    assert hole == aligned_up(end) + ZERO_AHEAD
-    end, hole = hole_after_records(tmp_path / "large", [bytes(ZERO_AHEAD_BELOW)])
-    assert hole == aligned_up(end)
 
 
 def test_replay_from_a_mark_returns_only_what_follows_it(tmp_path: Path) -> None:

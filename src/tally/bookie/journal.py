@@ -65,7 +65,6 @@ import asyncio
 import enum
 import errno
 import logging
-import mmap
 import os
 import threading
 import time
@@ -76,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from tally.bookie.direct_io import aligned_down, enable_direct
+from tally.bookie.direct_io import enable_direct
 from tally.bookie.journal_files import (
     OpenFile,
     create_file,
@@ -108,17 +107,6 @@ journalBufferedWritesThreshold is 512 KiB, but that bounds its write buffer, not
 group, which its force-write thread makes larger. Here one batch is one fdatasync, and large
 records get much closer to the disk's raw rate with 1 MiB batches than with 512 KiB ones
 (bench/bench_journal.py; docs/benchmarks.md)."""
-ZERO_AHEAD = 1 << 20
-"""A small batch (under ZERO_AHEAD_BELOW) that goes past the blocks written so far writes
-this many bytes of zeros after itself. Preallocated space is "unwritten" to the file
-system: the fdatasync after a write into it must also make durable that those blocks now
-hold data, which on ext4 is a metadata commit that doubled the lone record's time (205
-against 120 us per 4 KiB write and fdatasync; docs/benchmarks.md). Written once as zeros,
-the blocks take the records of a low rate with a bare fdatasync."""
-ZERO_AHEAD_BELOW = 64 << 10
-"""Batches at least this large (a busy journal) do not zero ahead: their disk time is the
-bytes written, the allocation commit is shared by many records, and zeros would halve the
-rate at which a heavy load reaches the disk."""
 RECENT_FDATASYNCS = 1024
 """fdatasync latencies kept for the metrics."""
 
@@ -270,8 +258,6 @@ class Journal:
         self._pending_sync = 0
         """Batches written but not yet answered (under the queue lock)."""
         self._stage: JournalStage[_Waiter] | None = None
-        self._zeros = mmap.mmap(-1, ZERO_AHEAD)
-        """Aligned zeros for `_zero_ahead` (an O_DIRECT write wants an aligned buffer)."""
         """Records appended and not yet written (under the queue lock); made by start()."""
         self._first_queued_at = 0.0
         self._flush_handle: asyncio.Handle | None = None
@@ -616,9 +602,6 @@ class Journal:
                     os.posix_fallocate(f.fd, f.allocated, target - f.allocated)
                     f.allocated = target
                 pwrite_all(f.fd, data, batch.start)
-                if end > f.written and batch.staged < ZERO_AHEAD_BELOW:
-                    self._zero_ahead(f, end)
-                f.written = max(f.written, end)
         except OSError as e:
             raise WriteFailed(
                 f"journal {f.path}: writing {len(batch.waiters)} records ({batch.staged} bytes) "
@@ -627,15 +610,6 @@ class Journal:
         self.stats.records += len(batch.waiters)
         self.stats.bytes_written += batch.staged
         return _Written(batch.waiters, f, batch.ends, batch.start, end)
-
-    def _zero_ahead(self, f: OpenFile, end: int) -> None:
-        """Write zeros over the ZERO_AHEAD bytes of preallocated space after `end` (a
-        block boundary), up to what is allocated: see ZERO_AHEAD."""
-        stop = aligned_down(min(end + ZERO_AHEAD, f.allocated))
-        if stop > end:
-            with memoryview(self._zeros)[: stop - end] as zeros:
-                pwrite_all(f.fd, zeros, end)
-            f.written = stop
 
     def _roll(self, old: OpenFile, batch: _Batch) -> OpenFile:
         """Create the file that `batch` begins (its header is staged) and retire `old`."""

@@ -47,9 +47,6 @@ class OpenFile:
     allocated: int
     direct: bool
     """Written with O_DIRECT; else through the page cache."""
-    written: int = 0
-    """Where the blocks written so far end (records or zeros): an fdatasync after a write
-    below it has no allocation to make durable."""
 
     def close(self) -> None:
         os.close(self.fd)
