@@ -82,7 +82,8 @@ BOOKIES = 3
 
 @dataclass(frozen=True)
 class Load:
-    """Acknowledged adds/s with a window in flight, and the latencies of those adds."""
+    """Acknowledged adds/s (with a window in flight, or paced), the latencies of those
+    adds, and the CPU each cost."""
 
     adds_per_s: float
     latencies: list[float]

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -26,6 +27,7 @@ from tally.core.errors import (
     LedgerInLimbo,
     NoSuchEntry,
     NoSuchLedger,
+    TallyError,
     Unauthorized,
     WriteFailed,
 )
@@ -115,6 +117,47 @@ def test_an_add_whose_crc_does_not_match_is_refused(storage: LedgerStorage) -> N
         storage.add_entry(L1, 0, 1, b"abc", -1)
     with pytest.raises(NoSuchLedger):
         storage.get_entry(L1, 0)
+
+
+class NewEntry(NamedTuple):
+    entry_id: int
+    crc32c: int
+    entry: bytes
+    last_add_confirmed: int
+
+
+def test_a_run_of_adds_stores_the_good_and_tells_each_refusal_once_they_are_stored(
+    storage: LedgerStorage,
+) -> None:
+    good = [NewEntry(e, crc32c(body(L1, e)), body(L1, e), e - 1) for e in range(3)]
+    bad = NewEntry(3, crc32c(body(L1, 3)) ^ 1, body(L1, 3), 2)
+    told: list[tuple[int, str, bool]] = []
+
+    def refused(entry: NewEntry, error: TallyError) -> None:
+        stored_then = storage.get_entry(L1, 2) == (good[2].crc32c, good[2].entry)
+        told.append((entry.entry_id, type(error).__name__, stored_then))
+
+    assert storage.add_entries(L1, [good[0], bad, good[1], good[2]], refused) == good
+    assert told == [(3, "BadDigest", True)]  # told after the good ones were stored
+    for entry in good:
+        assert storage.get_entry(L1, entry.entry_id) == (entry.crc32c, entry.entry)
+    assert storage.last_add_confirmed(L1) == 1
+
+
+def test_a_run_whose_every_add_is_refused_leaves_no_ledger(storage: LedgerStorage) -> None:
+    bad = [NewEntry(e, crc32c(body(L2, e)) ^ 1, body(L2, e), e - 1) for e in range(2)]
+    told: list[int] = []
+    assert storage.add_entries(L2, bad, lambda entry, _: told.append(entry.entry_id)) == []
+    assert told == [0, 1]
+    with pytest.raises(NoSuchLedger):
+        storage.availability(L2)
+    storage.checkpoint(b"m")
+    reopened = reopen(storage)
+    try:
+        with pytest.raises(NoSuchLedger):
+            reopened.availability(L2)
+    finally:
+        reopened.close()
 
 
 def test_bit_rot_on_disk_is_entry_unreadable(storage: LedgerStorage) -> None:

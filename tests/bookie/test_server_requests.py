@@ -336,7 +336,7 @@ async def test_adds_received_together_are_each_answered_as_alone(
 ) -> None:
     """One send, read by the bookie in one receive: runs of one ledger's adds go as a batch,
     and a refused add in a batch is refused alone."""
-    ledger, other = new_ledger(), new_ledger()
+    ledger, other, doomed = new_ledger(), new_ledger(), new_ledger()
     await add_all(bookie.address, [entry(ledger, 0)])  # the ledger's key is KEY
     bad = entry(ledger, 3)
     adds = [
@@ -350,12 +350,14 @@ async def test_adds_received_together_are_each_answered_as_alone(
         AddRequest.for_entry(8, entry(ledger, 6), OTHER_KEY),
         AddRequest.for_entry(9, entry(ledger, 3), KEY, recovery=True),  # one by one
         AddRequest.for_entry(10, entry(ledger, 7), KEY),
+        AddRequest(11, entry(doomed, 0), KEY, crc32c(entry(doomed, 0)) ^ 1),  # all refused:
+        AddRequest(12, entry(doomed, 1), KEY, crc32c(entry(doomed, 1)) ^ 1),  # no ledger
     ]
     before = bookie.metrics()
     raw = await RawConnection.open(bookie.address)
     try:
         await raw.send(b"".join(add.encode() for add in adds))
-        answers = {response.request_id: response for response in await raw.responses(10)}
+        answers = {response.request_id: response for response in await raw.responses(12)}
     finally:
         await raw.close()
     after = bookie.metrics()
@@ -364,10 +366,12 @@ async def test_adds_received_together_are_each_answered_as_alone(
         for request_id, answer in answers.items()
         if isinstance(answer, ErrorResponse)
     }
-    assert refused == {3: BadDigest, 7: Unauthorized, 8: Unauthorized}
+    assert refused == {3: BadDigest, 7: Unauthorized, 8: Unauthorized, 11: BadDigest, 12: BadDigest}
     async with connected(bookie.address) as connection:
         assert list(await connection.get_list_of_entries(ledger)) == [0, 1, 2, 3, 4, 7]
         assert list(await connection.get_list_of_entries(other)) == [0, 1]
+        with pytest.raises(NoSuchLedger):
+            await connection.get_list_of_entries(doomed)
         assert await connection.read(ledger, 3) == entry(ledger, 3)  # the recovery add's
         assert await connection.read(ledger, 7) == entry(ledger, 7)
         assert await connection.read_lac(ledger) == 6

@@ -463,6 +463,8 @@ class Journal:
         order; `done` is called once, with the last record's mark, when all are durable (a
         record is never durable before those journaled ahead of it): the way in for the
         adds of one receive, which are answered together."""
+        if not records:
+            raise BadRequest("append_all_then takes at least one record: `done` waits on the last")
         loop = self._running_loop()
         if self._failure is not None:
             raise self._write_failed()

@@ -334,21 +334,27 @@ class LedgerStorage:
         refused: Callable[[NewEntryT, TallyError], None],
     ) -> list[NewEntryT]:
         """`add_entry` for a run of one ledger's entries (the adds of one receive), under
-        one lock: returns those stored; each one refused is told to `refused` instead."""
+        one lock: returns those stored; each one refused is told to `refused` instead, once
+        the others are stored (if storing raises, none has been told anything). A run whose
+        every entry is refused leaves no trace, not even the ledger."""
         checked: list[tuple[NewEntryT, Stored]] = []
+        refusals: list[tuple[NewEntryT, TallyError]] = []
         for entry in entries:
             try:
                 stored = _checked(
                     ledger_id, entry.entry_id, entry.crc32c, entry.entry, entry.last_add_confirmed
                 )
             except TallyError as error:
-                refused(entry, error)
+                refusals.append((entry, error))
             else:
                 checked.append((entry, stored))
-        with self._lock:
-            state = self._touch(ledger_id)
-            for entry, stored in checked:
-                self._store(state, ledger_id, entry.entry_id, stored, entry.last_add_confirmed)
+        if checked:
+            with self._lock:
+                state = self._touch(ledger_id)
+                for entry, stored in checked:
+                    self._store(state, ledger_id, entry.entry_id, stored, entry.last_add_confirmed)
+        for entry, refusal in refusals:
+            refused(entry, refusal)
         return [entry for entry, _ in checked]
 
     def _store(
