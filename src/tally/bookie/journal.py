@@ -32,8 +32,10 @@ Preallocation: `posix_fallocate` reserves the file `preallocate_size` at a time 
 the writes, so every record lands inside the file's size: fdatasync has no size change to
 commit, where appending to a growing file makes every fdatasync also commit the inode
 (bench/bench_journal.py measures both). On ext4 fdatasync still records that the extents
-it wrote are no longer unwritten; zero-filling instead, as BookKeeper does, writes every
-byte twice for no gain (docs/benchmarks.md).
+it wrote are no longer unwritten. Zero-filling instead, as BookKeeper does, writes every
+byte twice under load; ahead of a low rate's records it saves 20-40 us of a lone record's
+330, but lets a power loss keep a later batch over a lost earlier one, which replay would
+take for damage (docs/benchmarks.md): not done.
 
 Writes skip the page cache (O_DIRECT from aligned buffers): only a replay reads the journal
 again, and the page cache's copy, pages and writeback cost a large record more than its
