@@ -363,10 +363,12 @@ class BookieConnection(asyncio.BufferedProtocol):
                     return
                 continue  # a late answer to a request that timed out or was given up
             target, request, _ = entry
+            answered, asked = response.ledger_id, request.ledger_id
             if (
                 response.operation is not request.operation
                 or response.entry_id != request.entry_id
-                or response.ledger_id != request.ledger_id
+                or answered.id != asked.id
+                or answered.scope != asked.scope
             ):
                 pending[request_id] = entry
                 self._abort(_mismatch(response, request, request_id))
@@ -375,7 +377,12 @@ class BookieConnection(asyncio.BufferedProtocol):
                 if type(response) is ErrorResponse:
                     self._loop.call_soon(target, request.entry_id, response.error())
                 else:
-                    _acknowledge(target, request.entry_id, self.address)
+                    try:  # a writer's callback fails alone: the other answers still count
+                        target(request.entry_id, None)
+                    except Exception:
+                        log.exception(
+                            "bookie %s: an add's acknowledgement callback failed", self.address
+                        )
                     if self._failure is not None:
                         return  # the writer closed this connection: the rest was failed
             elif isinstance(target, _Stream):
@@ -543,14 +550,6 @@ class BookieConnection(asyncio.BufferedProtocol):
             target.push(error)
         elif not target.done():
             target.set_exception(error)
-
-
-def _acknowledge(answered: AddAnswered, entry_id: int, address: str) -> None:
-    """A writer's callback fails alone: the other answers in the same receive still count."""
-    try:
-        answered(entry_id, None)
-    except Exception:
-        log.exception("bookie %s: an add's acknowledgement callback failed", address)
 
 
 def _settle(future: asyncio.Future[None], entry_id: int, error: Exception | None) -> None:

@@ -186,9 +186,11 @@ class FrameReader(ABC, Generic[_Message]):
     def _decode_complete(self) -> list[_Message]:
         messages: list[_Message] = []
         arena, pos, end = self._arena, self._start, self._end
+        header_size, max_frame_size = self._header_size, self._max_frame_size
         while end - pos >= LENGTH.size:
             (length,) = LENGTH.unpack_from(arena, pos)
-            self._check_length(length)
+            if not header_size <= length <= max_frame_size:
+                self._refuse_length(length)
             stop = pos + LENGTH.size + length
             if stop > end:
                 break
@@ -209,7 +211,8 @@ class FrameReader(ABC, Generic[_Message]):
         self._kept_bytes += size
         return True
 
-    def _check_length(self, length: int) -> None:
+    def _refuse_length(self, length: int) -> None:
+        """MalformedData for a frame length outside header size..max_frame_size."""
         if length > self._max_frame_size:
             raise MalformedData(
                 f"frame of {length} bytes exceeds the limit of {self._max_frame_size}"
