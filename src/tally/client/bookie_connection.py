@@ -363,12 +363,12 @@ class BookieConnection(asyncio.BufferedProtocol):
                     return
                 continue  # a late answer to a request that timed out or was given up
             target, request, _ = entry
-            answered, asked = response.ledger_id, request.ledger_id
+            answer_ledger, request_ledger = response.ledger_id, request.ledger_id
             if (
                 response.operation is not request.operation
                 or response.entry_id != request.entry_id
-                or answered.id != asked.id
-                or answered.scope != asked.scope
+                or answer_ledger.id != request_ledger.id
+                or answer_ledger.scope != request_ledger.scope
             ):
                 pending[request_id] = entry
                 self._abort(_mismatch(response, request, request_id))
