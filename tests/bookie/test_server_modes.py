@@ -31,11 +31,13 @@ from tally.core.errors import (
     WriteFailed,
     WriteOnReadOnlyBookie,
 )
+from tally.core.protocol import AddRequest, ErrorResponse
 from tally.metadata.bookie_registry import BookieRegistry
 from tests.bookie.conftest import (
     KEY,
     SESSION_TIMEOUT,
     BookieUnderTest,
+    RawConnection,
     connected,
     entry,
     in_process_bookie,
@@ -132,6 +134,36 @@ async def test_a_failed_step_of_stop_is_counted_and_the_rest_done(tmp_path: Path
         assert node.bookie.stop_failures == 1
         assert await BookieRegistry(node.store).writable_bookies() == []
         await asyncio.wait_for(node.bookie.wait_stopped(), 1)
+
+
+async def test_an_internal_error_in_a_batch_of_adds_answers_each_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug met while storing the adds of one receive: every add is answered with the
+    internal error (none is acknowledged), and the log has one traceback, not one per add."""
+    async with in_process_bookie(tmp_path / "bookie") as node:
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("storage bug")
+
+        node.bookie.storage.add_entries = broken  # type: ignore[method-assign]
+        ledger = new_ledger()
+        raw = await RawConnection.open(node.address)
+        try:
+            await raw.send(
+                b"".join(AddRequest.for_entry(i, entry(ledger, i), KEY).encode() for i in range(3))
+            )
+            answers = await raw.responses(3)
+        finally:
+            await raw.close()
+    assert sorted(answer.request_id for answer in answers) == [0, 1, 2]
+    for answer in answers:
+        assert isinstance(answer, ErrorResponse)
+        assert "internal error: RuntimeError('storage bug')" in answer.message
+    failures = [r for r in caplog.records if "failed on" in r.getMessage()]
+    assert len(failures) == 1
+    assert "and 2 more" in failures[0].getMessage()
+    assert failures[0].exc_info is not None
 
 
 async def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_bookie_goes_on(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import ClassVar
 
@@ -79,15 +79,15 @@ class BookieRequestProcessor:
     ) -> None:
         """Answer the requests of one receive, in order: a run of plain adds of one ledger
         is taken as one batch (`_add_batch`), anything else one by one."""
-        count = len(requests)
         start = 0
-        while start < count:
-            stop = _batch_end(requests, start)
-            if stop - start > 1:
-                self._add_batch(requests[start:stop], connection)  # type: ignore[arg-type]
+        while start < len(requests):
+            run = _add_run(requests, start)
+            if len(run) > 1:
+                self._add_batch(run, connection)
+                start += len(run)
             else:
                 self.dispatch(requests[start], connection)
-            start = stop
+                start += 1
 
     def dispatch(self, request: protocol.Request, connection: BookieConnectionHandler) -> None:
         """Answer one request; errors become error responses, never a dropped connection."""
@@ -104,10 +104,21 @@ class BookieRequestProcessor:
     ) -> None:
         """Answer a request whose handling raised: a TallyError as itself, anything else
         as an internal error, logged with its traceback."""
+        self._all_raised([request], connection, error)
+
+    def _all_raised(
+        self,
+        requests: Sequence[protocol.Request],
+        connection: BookieConnectionHandler,
+        error: Exception,
+    ) -> None:
+        """`_raised` for each of a batch's requests, an internal error logged once."""
         if not isinstance(error, TallyError):
-            log.error("bookie %s failed on %r", self.bookie_id, request, exc_info=error)
+            more = f" and {len(requests) - 1} more" if len(requests) > 1 else ""
+            log.error("bookie %s failed on %r%s", self.bookie_id, requests[0], more, exc_info=error)
             error = TallyError(f"internal error: {error!r}")
-        self._fail(request, connection, error)
+        for request in requests:
+            self._fail(request, connection, error)
 
     def _count(self, request: protocol.Request, result: str) -> None:
         self.metrics.requests.inc(_operation_label(request), result)
@@ -262,8 +273,7 @@ class BookieRequestProcessor:
                 records, partial(self._added_all, adds, connection, started)
             )
         except Exception as error:  # none of `adds` answered yet
-            for add in adds:
-                self._raised(add, connection, error)
+            self._all_raised(adds, connection, error)
 
     def _digest_checked(
         self, request: protocol.AddRequest, connection: BookieConnectionHandler
@@ -471,20 +481,21 @@ class BookieRequestProcessor:
     }
 
 
-def _batch_end(requests: list[protocol.Request], start: int) -> int:
-    """Where the run of adds that `_add_batch` may take together, from `start`, ends: plain
-    adds of small entries (never kept in the journal, whose marks they would each need) to
-    the ledger of the first, under its master key. `start + 1` if there is no such run."""
+def _add_run(requests: list[protocol.Request], start: int) -> list[protocol.AddRequest]:
+    """The run of adds from `start` that `_add_batch` may take together: plain adds of small
+    entries (never kept in the journal, whose marks they would each need) to the ledger of
+    the first, under its master key. Empty if the request at `start` is no such add."""
     first = requests[start]
     if (
         type(first) is not protocol.AddRequest
         or first.recovery
         or len(first.entry) >= KEPT_ENTRY_SIZE
     ):
-        return start + 1
+        return []
     scope, ledger, key = first.ledger_id.scope, first.ledger_id.id, first.master_key
-    for stop in range(start + 1, len(requests)):
-        request = requests[stop]
+    run = [first]
+    for index in range(start + 1, len(requests)):
+        request = requests[index]
         if (
             type(request) is not protocol.AddRequest
             or request.recovery
@@ -493,8 +504,9 @@ def _batch_end(requests: list[protocol.Request], start: int) -> int:
             or request.ledger_id.scope != scope
             or request.master_key != key
         ):
-            return stop
-    return len(requests)
+            break
+        run.append(request)
+    return run
 
 
 def _ignore(mark: JournalMark | None, error: Exception | None) -> None:
