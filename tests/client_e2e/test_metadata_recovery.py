@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -528,20 +528,31 @@ def test_a_lost_store_is_rebuilt_from_a_snapshot_and_the_bookies(
     run(check(), DEADLINE)
 
 
-def test_a_snapshot_of_another_cluster_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+def recover_from_edited_snapshot(
+    cluster: Cluster, tmp_path: Path, edit: Callable[[dict[str, Any]], None]
+) -> subprocess.CompletedProcess[str]:
+    """`tally cluster recover --from-snapshot` with a snapshot of the cluster whose
+    snapshot.json `edit` changed, and the exports of one bookie."""
     snapshot = tmp_path / "snapshot"
     taken = tally("audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot))
     assert taken.returncode == 0, taken.stderr
     recorded = json.loads((snapshot / "snapshot.json").read_text())
-    recorded["cluster"]["instance_id"] = "another-cluster"
+    edit(recorded)
     (snapshot / "snapshot.json").write_text(json.dumps(recorded))
     exports = tmp_path / "exports"
     bookie = cluster.bookies[0]
     run(export_running_bookie(bookie.address, export_path(exports, bookie.address)))
-    refused = tally(
+    return tally(
         "cluster", "recover", "--exports", str(exports), "--from-snapshot", str(snapshot),
         "--report", str(tmp_path / "report"),
     )  # fmt: skip
+
+
+def test_a_snapshot_of_another_cluster_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    def of_another_cluster(recorded: dict[str, Any]) -> None:
+        recorded["cluster"]["instance_id"] = "another-cluster"
+
+    refused = recover_from_edited_snapshot(cluster, tmp_path, of_another_cluster)
     assert refused.returncode == 1
     assert "Traceback" not in refused.stderr
     assert "is of cluster another-cluster" in refused.stderr, refused.stderr
@@ -550,19 +561,11 @@ def test_a_snapshot_of_another_cluster_is_refused(cluster: Cluster, tmp_path: Pa
 
 def test_a_snapshot_with_undecodable_records_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     """Its unreadable tombstone would read as no deletion: the recovery decides nothing."""
-    snapshot = tmp_path / "snapshot"
-    taken = tally("audit", "snapshot", "--metadata", cluster.uri, "--out", str(snapshot))
-    assert taken.returncode == 0, taken.stderr
-    recorded = json.loads((snapshot / "snapshot.json").read_text())
-    recorded["counts"]["unreadable_tombstones"] = 1
-    (snapshot / "snapshot.json").write_text(json.dumps(recorded))
-    exports = tmp_path / "exports"
-    bookie = cluster.bookies[0]
-    run(export_running_bookie(bookie.address, export_path(exports, bookie.address)))
-    refused = tally(
-        "cluster", "recover", "--exports", str(exports), "--from-snapshot", str(snapshot),
-        "--report", str(tmp_path / "report"),
-    )  # fmt: skip
+
+    def with_an_unreadable_tombstone(recorded: dict[str, Any]) -> None:
+        recorded["counts"]["unreadable_tombstones"] = 1
+
+    refused = recover_from_edited_snapshot(cluster, tmp_path, with_an_unreadable_tombstone)
     assert refused.returncode == 1
     assert "Traceback" not in refused.stderr
     assert "1 tombstone records that did not decode" in refused.stderr, refused.stderr
