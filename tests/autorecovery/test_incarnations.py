@@ -106,13 +106,16 @@ async def test_a_bookie_wiped_and_formatted_anew_under_its_id_is_marked_and_repa
             await until(
                 lambda: marked() == len(on_victim), "the victim's ledgers marked", timeout=WAIT
             )
+            # The auditor marks the ledgers first, then remembers the new incarnation, counts
+            # and logs it: wait for that, not only for the marks.
+            announced = f"bookie {victim} is a new incarnation {new} (was {old})"
+            await until(lambda: announced in process.log(), "the change logged", timeout=WAIT)
             assert (
                 scrape(process.http_port)[
                     ("auditor_bookie_incarnations_changed_total", frozenset())
                 ]
                 == 1
             )
-            assert f"bookie {victim} is a new incarnation {new} (was {old})" in process.log()
             assert f"marked its {len(on_victim)} ledgers" in process.log()
 
             await wait_repaired(cluster.uri, ledgers, lost=None)
