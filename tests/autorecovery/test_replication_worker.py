@@ -451,6 +451,37 @@ async def test_a_corrupt_copy_is_never_copied_and_is_written_over(cluster: Clust
     assert metric("replication_worker_num_bad_copies_repaired_total") >= 1
 
 
+async def test_a_source_that_does_not_answer_a_batched_read_has_its_entries_copied_alone(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """READ_ENTRIES unanswered (a timeout, or an older bookie that closes the connection
+    on an operation it does not know: stood in for here in the worker's process): its
+    entries are read one by one instead, and the repair is whole."""
+    async with tally.Client(cluster.uri, config=CLIENT) as client:
+        writer = await write_ledger(client, 30, ensemble=3, write_quorum=3)
+    ensemble = writer.metadata.metadata.segments[0].ensemble
+    victim = ensemble[0]
+    unanswered: list[tuple[int, ...]] = []
+
+    async def times_out(
+        self: BookieConnection, ledger_id: LedgerId, entry_ids: object, max_bytes: int
+    ) -> tuple[bytes, ...]:
+        unanswered.append(tuple(entry_ids))  # type: ignore[arg-type]
+        raise TimeoutError
+
+    monkeypatch.setattr(BookieConnection, "read_entries", times_out)
+    caplog.set_level(logging.INFO, logger="tally.autorecovery.ledger_repair")
+    await kill_and_wait(cluster, victim)
+    async with tally.Client(cluster.uri, config=CLIENT) as client:
+        await client.context.under_replication.mark_under_replicated(writer.ledger_id, [victim])
+    async with running_worker(cluster.uri) as worker:
+        await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired")
+        assert worker.status()["entries_copied"] == 30
+    assert sorted(e for asked in unanswered for e in asked) == list(range(30)), "asked once"
+    assert any("copying them one by one" in r.getMessage() for r in caplog.records)
+    await assert_every_copy(cluster.uri, writer.ledger_id)
+
+
 # -- open ledgers -------------------------------------------------------------------------
 
 

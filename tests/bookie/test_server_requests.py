@@ -154,6 +154,44 @@ async def test_a_list_of_entries_of_ledgers_answers_each_in_order_over_as_many_r
         assert sum(replies) == MAX_LEDGERS_PER_LIST
 
 
+async def test_read_entries_answers_a_prefix_and_never_an_entry_it_lacks_as_missing(
+    bookie: BookieUnderTest,
+) -> None:
+    """READ_ENTRIES answers the entries asked in order, up to its byte budget and the
+    frame (16 KiB here); it stops before an entry it does not hold, which is then asked
+    alone: only an entry asked first is answered with its error."""
+    ledger = new_ledger()
+    held = [0, 1, 2, 4, 5]
+    entries = {i: entry(ledger, i, b"%d" % i * 900) for i in held}
+    await add_all(bookie.address, list(entries.values()))
+    async with connected(bookie.address) as connection:
+        assert await connection.read_entries(ledger, [0, 2, 5], 1 << 20) == (
+            entries[0],
+            entries[2],
+            entries[5],
+        )
+        assert await connection.read_entries(ledger, [1, 2, 4, 5], 1) == (entries[1],)
+        assert await connection.read_entries(ledger, [0, 1, 2, 3, 4], 1 << 20) == (
+            entries[0],
+            entries[1],
+            entries[2],
+        )
+        with pytest.raises(NoSuchEntry, match="3"):
+            await connection.read_entries(ledger, [3, 4], 1 << 20)
+        with pytest.raises(NoSuchLedger):
+            await connection.read_entries(new_ledger(), [0, 1], 1 << 20)
+
+        large = new_ledger()  # 6 entries of 5 KiB: about 31 KiB, over the 16 KiB frame
+        big = [entry(large, i, bytes([i]) * 5000) for i in range(6)]
+        await add_all(bookie.address, big)
+        answered: list[bytes] = []
+        while len(answered) < len(big):
+            reply = await connection.read_entries(large, range(len(answered), 6), 1 << 20)
+            assert 1 <= len(reply) <= 3
+            answered.extend(reply)
+        assert answered == big
+
+
 async def test_a_re_add_is_idempotent_for_the_reader(bookie: BookieUnderTest) -> None:
     ledger = new_ledger()
     async with connected(bookie.address) as connection:

@@ -307,6 +307,7 @@ def test_operation_and_flag_numbers_are_stable() -> None:
         "LEDGER_INFO": 7,
         "METADATA_COPY": 8,
         "GET_LIST_OF_ENTRIES_OF_LEDGERS": 9,
+        "READ_ENTRIES": 10,
     }
     assert (Flags.DO_FENCING, Flags.RECOVERY_ADD, Flags.STREAM_END, Flags.WITH_STATE) == (
         1,

@@ -23,6 +23,7 @@ from tally.core.replication import (
     entry_ranges,
     grace_deadline,
     plan_replication,
+    read_batches,
     replacements_of,
     retry_delay,
     targets_of,
@@ -457,6 +458,43 @@ def test_position_repair_and_sources_are_plain_values() -> None:
     repair = PositionRepair(0, "b0", RepairKind.FILL, EntryAvailability.from_entries([1]))
     sources = EntrySources(1, (repair,), ("b1",), ("b0",), ())
     assert targets_of(sources, {}) == ((repair, "b0"),)
+
+
+_REPAIRS = tuple(
+    PositionRepair(position, f"b{position}", RepairKind.REPLACE, EntryAvailability.from_entries([]))
+    for position in range(3)
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["s1", "s2", "s3"]), max_size=2, unique=True),
+            st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 8),
+)
+def test_read_batches_take_every_entry_once_in_batches_of_one_source_and_one_set_of_targets(
+    shapes: list[tuple[list[str], list[int]]], size: int
+) -> None:
+    entries = [
+        EntrySources(
+            entry_id, tuple(_REPAIRS[p] for p in sorted(positions)), tuple(sources), (), ()
+        )
+        for entry_id, (sources, positions) in enumerate(shapes)
+    ]
+    batches = list(read_batches(iter(entries), size))
+    assert sorted(s.entry_id for batch in batches for s in batch) == list(range(len(entries)))
+    for batch in batches:
+        assert 1 <= len(batch) <= size
+        assert [s.entry_id for s in batch] == sorted(s.entry_id for s in batch)
+        if not batch[0].sources:
+            assert len(batch) == 1, "an entry without a source is copied alone"
+        assert len({(s.sources[:1], s.targets) for s in batch}) == 1
+    with pytest.raises(BadRequest):
+        list(read_batches(iter(entries), 0))
 
 
 # -- the repair schedule ------------------------------------------------------------------

@@ -77,8 +77,11 @@ class AutoRecoveryConfig:
     of their rate without it on a 2-core machine; 20 MB/s took them to 0.4-0.85 (median 0.63;
     bench_rereplication.py, docs/benchmarks.md, issue 21). A lost bookie holding 1 GiB then
     takes about 110 s to repair, per worker: raise it where the bookies have CPU to spare."""
-    rereplication_entry_batch_size: int = 10
-    """Entries copied in parallel for one ledger."""
+    rereplication_entry_batch_size: int = 64
+    """Entries of one ledger read from a source in one request (READ_ENTRIES, up to about
+    1 MiB of them) and written to each target together; two such batches are in flight.
+    BookKeeper's rereplicationEntryBatchSize (10) counts entries copied in parallel, one
+    read each."""
     replication_backoff_initial: float = 1.0
     """Seconds before a failed ledger is tried again by this worker; doubles per failure."""
     replication_backoff_max: float = 300.0

@@ -31,6 +31,7 @@ from tally.core.errors import (
     TallyError,
 )
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
+from tally.core.protocol import MAX_ENTRIES_PER_READ
 from tally.core.replication import (
     EntrySources,
     RepairKind,
@@ -41,6 +42,7 @@ from tally.core.replication import (
     entry_ranges,
     grace_deadline,
     plan_replication,
+    read_batches,
     replacements_of,
     targets_of,
 )
@@ -56,6 +58,12 @@ CAS_ATTEMPTS = 10
 
 LOST_REASON_ENTRIES = 20
 """Entries described one by one in a lost-entries record's reason and its alert."""
+
+READ_BATCH_BYTES = 1 << 20
+"""About the bytes one read of a repair asks a source for (READ_ENTRIES): sixteen entries of
+64 KiB, a few milliseconds of the source's event loop."""
+BATCHES_IN_FLIGHT = 2
+"""Batches of one ledger copied at once: one is read while the other is written."""
 
 
 class _SegmentChanged(Exception):
@@ -110,7 +118,7 @@ class RepairHost(Protocol):
 
     async def throttle(self, size: int) -> None: ...
 
-    def count_copy(self, size: int) -> None: ...
+    def count_copy(self, entries: int, size: int) -> None: ...
 
 
 class LedgerRepair:
@@ -302,12 +310,14 @@ class LedgerRepair:
     async def _copy(
         self, metadata: LedgerMetadata, segment: SegmentRepair, new_bookies: dict[int, str]
     ) -> _CopyTally:
-        """Every entry of the segment's repairs, `rereplication_entry_batch_size` at a time.
+        """Every entry of the segment's repairs, read from its first source a batch at a time
+        (`read_batches`: `rereplication_entry_batch_size` entries at most, about
+        READ_BATCH_BYTES), BATCHES_IN_FLIGHT batches at once.
 
         A semaphore holds the window rather than `asyncio.wait` on the copies in flight,
-        which adds and removes a callback on each of them for every entry."""
+        which adds and removes a callback on each of them for every batch."""
         tally = _CopyTally()
-        window = asyncio.Semaphore(self.config.rereplication_entry_batch_size)
+        window = asyncio.Semaphore(BATCHES_IN_FLIGHT)
         pending: set[asyncio.Task[None]] = set()
         broken: list[asyncio.Task[None]] = []
 
@@ -318,11 +328,12 @@ class LedgerRepair:
                 broken.append(task)
 
         try:
-            for sources in segment.entries():
+            size = self.config.rereplication_entry_batch_size
+            for batch in read_batches(segment.entries(), size):
                 await window.acquire()
                 if broken:
                     broken[0].result()  # a bug, not a bookie's answer: end the turn
-                task = asyncio.create_task(self._copy_entry(metadata, sources, new_bookies, tally))
+                task = asyncio.create_task(self._copy_batch(metadata, batch, new_bookies, tally))
                 pending.add(task)
                 task.add_done_callback(finished)
             if pending:
@@ -348,6 +359,83 @@ class LedgerRepair:
                 " (some copies failed)" if repair.position in tally.failed_positions else "",
             )
         return tally
+
+    async def _copy_batch(
+        self,
+        metadata: LedgerMetadata,
+        batch: list[EntrySources],
+        new_bookies: dict[int, str],
+        tally: _CopyTally,
+    ) -> None:
+        """Read the batch from its first source in as few requests as its size allows, and
+        copy what verifies. An entry the source has no usable copy of, first in a request,
+        is copied alone (`_copy_entry` tries its other sources and judges it), as is every
+        entry left when the source gives no answer (an error, a timeout)."""
+        remaining = batch
+        while len(remaining) > 1:
+            source = remaining[0].sources[0]
+            asked = [sources.entry_id for sources in remaining[:MAX_ENTRIES_PER_READ]]
+            try:
+                fetched = await self.fetcher.read_batch_from(
+                    metadata, source, asked, READ_BATCH_BYTES
+                )
+            except (TallyError, TimeoutError) as error:
+                if Copy.of(error) is Copy.UNKNOWN:
+                    log.info(
+                        "ledger %s: entries %d.. not read from bookie %s in one request "
+                        "(%s); copying them one by one",
+                        self.name,
+                        asked[0],
+                        source,
+                        type(error).__name__,
+                    )
+                    break
+                fetched = []
+            if not fetched:  # no usable copy of the first entry here
+                await self._copy_entry(metadata, remaining[0], new_bookies, tally)
+                remaining = remaining[1:]
+                continue
+            await self._store(remaining[: len(fetched)], fetched, new_bookies, tally)
+            remaining = remaining[len(fetched) :]
+        if remaining:
+            await asyncio.gather(
+                *(self._copy_entry(metadata, sources, new_bookies, tally) for sources in remaining)
+            )
+
+    async def _store(
+        self,
+        batch: list[EntrySources],
+        fetched: list[FetchedEntry],
+        new_bookies: dict[int, str],
+        tally: _CopyTally,
+    ) -> None:
+        """Write verified copies of a batch's entries (which share their targets) to each
+        target, one write of all of them per target."""
+        raws = [entry.raw for entry in fetched]
+        size = sum(map(len, raws))
+        metrics.BYTES_READ.inc(size)
+        await self.worker.throttle(size)
+        entry_ids = [sources.entry_id for sources in batch]
+        targets = targets_of(batch[0], new_bookies)
+        written = await asyncio.gather(
+            *(self._write_all(bookie, raws, entry_ids) for _, bookie in targets)
+        )
+        for (repair, bookie), done in zip(targets, written, strict=True):
+            for entry_id, ok in zip(entry_ids, done, strict=True):
+                if not ok:
+                    tally.failed_entries += 1
+                    tally.failed_positions.add(repair.position)
+                elif bookie == repair.bookie_id:
+                    self._wrote_over(bookie, entry_id)
+        copied = sum(map(any, zip(*written, strict=True)))
+        tally.copied += copied
+        self.copied += copied
+
+    def _wrote_over(self, bookie: str, entry_id: int) -> None:
+        """A FILL's verified copy is on `bookie`: a bad copy there (the mark's) is repaired."""
+        self.written_over[bookie].add(entry_id)
+        if entry_id in self.lock.mark.bad_copies.get(bookie, ()):
+            metrics.BAD_COPIES_REPAIRED.inc()
 
     async def _copy_entry(
         self,
@@ -398,9 +486,7 @@ class LedgerRepair:
                 tally.failed_entries += 1
                 tally.failed_positions.add(repair.position)
             elif bookie == repair.bookie_id:
-                self.written_over[bookie].add(entry_id)
-                if entry_id in self.lock.mark.bad_copies.get(bookie, ()):
-                    metrics.BAD_COPIES_REPAIRED.inc()
+                self._wrote_over(bookie, entry_id)
         for bookie in bad_sources:  # found bad on the way: repaired with the same copy
             if await self._write(bookie, raw, entry_id):
                 metrics.BAD_COPIES_REPAIRED.inc()
@@ -417,23 +503,45 @@ class LedgerRepair:
             self.copied += 1
 
     async def _write(self, bookie: str, raw: bytes, entry_id: int) -> bool:
+        return (await self._write_all(bookie, [raw], [entry_id]))[0]
+
+    async def _write_all(self, bookie: str, raws: list[bytes], entry_ids: list[int]) -> list[bool]:
+        """RECOVERY_ADD each of `raws` (entries `entry_ids`) to `bookie`, all sent at once;
+        whether each is durable there. A failure is logged once for the lot."""
+        answers: list[asyncio.Future[None]] = []
         try:
             await afailpoint("replication.copy")
             connection = await self.context.bookies.get(bookie)
-            await connection.add(raw, self.fetcher.master_key, recovery=True)
+            for raw in raws:
+                answers.append(connection.add_nowait(raw, self.fetcher.master_key, recovery=True))
         except (TallyError, OSError) as error:
-            log.info(
-                "ledger %s entry %d: copy to bookie %s failed: %s",
-                self.name,
-                entry_id,
-                bookie,
-                error,
-            )
-            return False
-        metrics.ENTRIES_WRITTEN.inc()
-        metrics.BYTES_WRITTEN.inc(len(raw))
-        self.worker.count_copy(len(raw))
-        return True
+            for answer in answers:
+                answer.cancel()
+            self._copy_failed(bookie, entry_ids, len(raws), error)
+            return [False] * len(raws)
+        results = await asyncio.gather(*answers, return_exceptions=True)
+        failures = [result for result in results if result is not None]
+        for failure in failures:
+            if not isinstance(failure, TallyError | OSError):
+                raise failure  # a bug, not the bookie's answer
+        if failures:
+            self._copy_failed(bookie, entry_ids, len(failures), failures[0])
+        ok = [result is None for result in results]
+        sizes = [len(raw) for raw, done in zip(raws, ok, strict=True) if done]
+        metrics.ENTRIES_WRITTEN.inc(len(sizes))
+        metrics.BYTES_WRITTEN.inc(sum(sizes))
+        self.worker.count_copy(len(sizes), sum(sizes))
+        return ok
+
+    def _copy_failed(
+        self, bookie: str, entry_ids: list[int], failed: int, error: BaseException
+    ) -> None:
+        which = (
+            f"entry {entry_ids[0]}"
+            if len(entry_ids) == 1
+            else f"{failed} of {len(entry_ids)} entries from {entry_ids[0]}"
+        )
+        log.info("ledger %s %s: copy to bookie %s failed: %s", self.name, which, bookie, error)
 
     async def _commit(
         self, record: LedgerRecord, replacements: tuple[Replacement, ...]

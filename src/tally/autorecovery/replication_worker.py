@@ -278,12 +278,13 @@ class ReplicationWorker:
         password = self._passwords.get(metadata.master_key)
         return LedgerKeys.for_maintenance(metadata.digest_type, metadata.master_key, password)
 
-    def count_copy(self, size: int) -> None:
-        self._entries_copied += 1
+    def count_copy(self, entries: int, size: int) -> None:
+        """`entries` more copies written, of `size` bytes together."""
+        self._entries_copied += entries
         self._bytes_copied += size
 
     async def throttle(self, size: int) -> None:
-        """Wait for the rate limit to allow `size` more bytes (one entry's copy)."""
+        """Wait for the rate limit to allow `size` more bytes (the copies read together)."""
         if self._bucket is not None:
             delay = self._bucket.reserve(size, time.monotonic())
             if delay > 0:

@@ -319,6 +319,32 @@ class BookieRequestProcessor:
             return
         self._fence(request, request.master_key, answer, connection)
 
+    def _read_entries(
+        self, request: protocol.ReadEntriesRequest, connection: BookieConnectionHandler
+    ) -> None:
+        """A prefix of the entries asked, up to `max_bytes` and a frame: it stops before the
+        first entry it cannot serve, which is answered alone with its error when it is the
+        first (the asker reads a later one alone to hear why)."""
+        started = time.perf_counter()
+        ledger_id = request.ledger_id
+        get_entry = self.storage.get_entry
+
+        def read() -> Iterator[protocol.EntryBytes]:
+            for position, entry_id in enumerate(request.entry_ids):
+                try:
+                    yield get_entry(ledger_id, entry_id)[1]
+                except TallyError:
+                    if not position:
+                        raise
+                    return
+
+        entries = protocol.answer_entries(read(), request.max_bytes, self._max_frame_size)
+        response = protocol.ReadEntriesResponse(
+            request.request_id, ledger_id, request.entry_id, tuple(entries)
+        )
+        self._ok(request, connection, response.encode(self._max_frame_size))
+        self.metrics.read_entry_seconds.observe(time.perf_counter() - started, len(entries))
+
     def _fence(
         self,
         request: protocol.ReadRequest,
@@ -476,6 +502,7 @@ class BookieRequestProcessor:
         protocol.MetadataCopyRequest: _metadata_copy,
         protocol.GetListOfEntriesOfLedgerRequest: _list_entries,
         protocol.GetListOfEntriesOfLedgersRequest: _list_entries_of_ledgers,
+        protocol.ReadEntriesRequest: _read_entries,
         protocol.LedgerInfoRequest: _ledger_info,
         protocol.AvailabilityDumpRequest: _dump,
     }

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from ssl import SSLContext
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 from tally.core import protocol
 from tally.core.addresses import split_host_port
@@ -51,6 +51,8 @@ from tally.core.protocol import (
     LedgerInfoResponse,
     MetadataCopyRequest,
     PreparedAdd,
+    ReadEntriesRequest,
+    ReadEntriesResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -63,6 +65,7 @@ from tally.core.protocol import (
     answered_prefix,
 )
 from tally.core.protocol.dump import DumpRecord
+from tally.core.protocol.read_entries import check_answered
 from tally.core.protocol.wire import EntryBytes
 
 log = logging.getLogger(__name__)
@@ -222,6 +225,20 @@ class BookieConnection(asyncio.BufferedProtocol):
             lambda request_id: ReadRequest(request_id, ledger_id, entry_id, fencing_key)
         )
         return bytes(response.entry)  # decoded responses hold bytes: no copy
+
+    async def read_entries(
+        self, ledger_id: LedgerId, entry_ids: Sequence[int], max_bytes: int
+    ) -> tuple[bytes, ...]:
+        """The entries as the bookie stores them, for a prefix of `entry_ids` (ascending,
+        1..MAX_ENTRIES_PER_READ) up to about `max_bytes`: ask again, or alone, for the rest.
+        Raises the first entry's error if the bookie cannot serve it; a bookie too old to
+        know the operation closes the connection (BookieUnavailable)."""
+        asked = tuple(entry_ids)
+        response: ReadEntriesResponse = await self._call(
+            lambda request_id: ReadEntriesRequest(request_id, ledger_id, asked, max_bytes)
+        )
+        check_answered(len(asked), len(response.entries))
+        return cast(tuple[bytes, ...], response.entries)  # decoded responses hold bytes
 
     async def read_lac(self, ledger_id: LedgerId) -> int:
         response: ReadLacResponse = await self._call(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -93,17 +93,40 @@ class EntryFetcher:
             self._report_corrupt(bookie, entry_id, error)
             raise
         try:
-            header = verify_entry(raw, metadata.digest_type, self.mac_key, MAX_ENTRY_SIZE)
+            return self._verified(metadata, bookie, entry_id, raw)
         except BadDigest as error:
             self._report_corrupt(bookie, entry_id, error)
             raise
+
+    async def read_batch_from(
+        self, metadata: LedgerMetadata, bookie: str, entry_ids: Sequence[int], max_bytes: int
+    ) -> list[FetchedEntry]:
+        """One bookie's verified copies of a prefix of `entry_ids`, in one request
+        (READ_ENTRIES), about `max_bytes` of them. The prefix ends before the first copy
+        that fails its check: a read of that entry alone (`read_from`) reports it. Raises
+        as `read_from` does when the bookie answers none."""
+        connection = await self.context.bookies.get(bookie)
+        async with asyncio.timeout(self.context.config.read_timeout):
+            answered = await connection.read_entries(self.ledger_id, entry_ids, max_bytes)
+        fetched = []
+        for entry_id, raw in zip(entry_ids, answered, strict=False):
+            try:
+                fetched.append(self._verified(metadata, bookie, entry_id, raw))
+            except BadDigest:
+                break
+        return fetched
+
+    def _verified(
+        self, metadata: LedgerMetadata, bookie: str, entry_id: int, raw: bytes
+    ) -> FetchedEntry:
+        """`raw` as a FetchedEntry if its digest checks and it is the entry asked (entry id
+        -1: the bookie's last); BadDigest if not."""
+        header = verify_entry(raw, metadata.digest_type, self.mac_key, MAX_ENTRY_SIZE)
         if header.ledger_id != self.ledger_id or (entry_id >= 0 and header.entry_id != entry_id):
-            misplaced = BadDigest(
+            raise BadDigest(
                 f"bookie {bookie} answered ledger {header.ledger_id} entry {header.entry_id} "
                 f"for ledger {self.ledger_id} entry {entry_id}"
             )
-            self._report_corrupt(bookie, entry_id, misplaced)
-            raise misplaced
         return FetchedEntry(raw, header, metadata.digest_type)
 
     def _report_corrupt(self, bookie: str, entry_id: int, error: TallyError) -> None:

@@ -429,6 +429,28 @@ def targets_of(
     return tuple(found)
 
 
+def read_batches(entries: Iterable[EntrySources], size: int) -> Iterator[list[EntrySources]]:
+    """The entries, in batches of at most `size` that one request may read (READ_ENTRIES)
+    and one write per target may copy: each batch's entries share their first source and
+    their targets. An entry with no source to read is a batch of its own (its copy fails
+    or finds it lost), as is every entry when `size` is 1. Batches come as they fill, the
+    partly filled ones at the end; entries keep their order within a batch."""
+    if size < 1:
+        raise BadRequest(f"a read batch holds at least one entry, not {size}")
+    filling: dict[tuple[str, tuple[int, ...]], list[EntrySources]] = {}
+    for sources in entries:
+        if not sources.sources:
+            yield [sources]
+            continue
+        key = (sources.sources[0], tuple(repair.position for repair in sources.targets))
+        batch = filling.setdefault(key, [])
+        batch.append(sources)
+        if len(batch) >= size:
+            del filling[key]
+            yield batch
+    yield from filling.values()
+
+
 def replacements_of(
     segment: SegmentRepair, new_bookies: Mapping[int, str], failed: Collection[int]
 ) -> tuple[Replacement, ...]:

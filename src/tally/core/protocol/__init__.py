@@ -31,6 +31,8 @@ encoder would not write: a frame that decodes re-encodes to exactly its own byte
     METADATA_COPY                   master key, ledger metadata     -
     GET_LIST_OF_ENTRIES_OF_LEDGERS  ledger ids (scope u64,          records of a prefix of them
       (no ledger)                   ledger u64), 1..128             (entry_lists.py)
+    READ_ENTRIES (the first         max bytes u32, entry ids u64,   a prefix of them: length
+      entry id asked)               ascending, 1..256               u32, entry (read_entries.py)
 
 An error response's body is the error's message in UTF-8. A dump answers with one or more
 frames of records (scope u64, ledger u64, length u32, availability encoding); the last one
@@ -70,6 +72,7 @@ from tally.core.protocol.entry_lists import (
     answer_records,
     answered_prefix,
 )
+from tally.core.protocol.read_entries import MAX_ENTRIES_PER_READ, answer_entries
 from tally.core.protocol.readers import FrameReader, RequestReader, ResponseReader
 from tally.core.protocol.requests import (
     ADD_HEAD_SIZE,
@@ -80,6 +83,7 @@ from tally.core.protocol.requests import (
     LedgerInfoRequest,
     MetadataCopyRequest,
     PreparedAdd,
+    ReadEntriesRequest,
     ReadLacRequest,
     ReadRequest,
     Request,
@@ -94,6 +98,7 @@ from tally.core.protocol.responses import (
     LedgerInfo,
     LedgerInfoResponse,
     MetadataCopyResponse,
+    ReadEntriesResponse,
     ReadLacResponse,
     ReadResponse,
     Response,
@@ -113,6 +118,7 @@ __all__ = [
     "ADD_HEAD_SIZE",
     "KEEP_IN_PLACE",
     "MASTER_KEY_SIZE",
+    "MAX_ENTRIES_PER_READ",
     "MAX_FRAME_SIZE",
     "MAX_LEDGERS_PER_LIST",
     "REQUEST_HEADER_SIZE",
@@ -140,6 +146,8 @@ __all__ = [
     "MetadataCopyResponse",
     "Operation",
     "PreparedAdd",
+    "ReadEntriesRequest",
+    "ReadEntriesResponse",
     "ReadLacRequest",
     "ReadLacResponse",
     "ReadRequest",
@@ -152,6 +160,7 @@ __all__ = [
     "StateRecord",
     "WriteLacRequest",
     "WriteLacResponse",
+    "answer_entries",
     "answer_records",
     "answered_prefix",
     "encode_availability_dump",

@@ -11,6 +11,7 @@ from tally.core.errors import MalformedData
 from tally.core.ids import LedgerId
 from tally.core.protocol.dump import decode_records, decode_state_records
 from tally.core.protocol.entry_lists import decode_entry_records, decode_ledger_ids
+from tally.core.protocol.read_entries import decode_entries, decode_entry_ids
 from tally.core.protocol.requests import (
     AddRequest,
     AvailabilityDumpRequest,
@@ -18,6 +19,7 @@ from tally.core.protocol.requests import (
     GetListOfEntriesOfLedgersRequest,
     LedgerInfoRequest,
     MetadataCopyRequest,
+    ReadEntriesRequest,
     ReadLacRequest,
     ReadRequest,
     Request,
@@ -31,6 +33,7 @@ from tally.core.protocol.responses import (
     LedgerInfo,
     LedgerInfoResponse,
     MetadataCopyResponse,
+    ReadEntriesResponse,
     ReadLacResponse,
     ReadResponse,
     Response,
@@ -129,6 +132,13 @@ def _decode_lists_request(
     return GetListOfEntriesOfLedgersRequest(request_id, decode_ledger_ids(body))
 
 
+def _decode_read_entries_request(
+    request_id: int, scope: int, ledger: int, entry_id: int, flags: int, body: memoryview
+) -> Request:
+    entry_ids, max_bytes = decode_entry_ids(entry_id, body)
+    return ReadEntriesRequest(request_id, LedgerId(scope, ledger), entry_ids, max_bytes)
+
+
 def _empty_request(
     make: Callable[[int, LedgerId], Request],
 ) -> Callable[[int, int, int, int, int, memoryview], Request]:
@@ -154,6 +164,7 @@ REQUEST_DECODERS: Final[dict[int, RequestDecoder]] = {
     Operation.LEDGER_INFO: _empty_request(LedgerInfoRequest),
     Operation.METADATA_COPY: _decode_metadata_copy,
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: _decode_lists_request,
+    Operation.READ_ENTRIES: _decode_read_entries_request,
 }
 
 
@@ -230,6 +241,11 @@ RESPONSE_DECODERS: Final[dict[int, Callable[[int, LedgerId, int, int, memoryview
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: (
         lambda request_id, ledger_id, entry_id, flags, body: GetListOfEntriesOfLedgersResponse(
             request_id, decode_entry_records(body)
+        )
+    ),
+    Operation.READ_ENTRIES: (
+        lambda request_id, ledger_id, entry_id, flags, body: ReadEntriesResponse(
+            request_id, ledger_id, entry_id, decode_entries(body)
         )
     ),
 }

@@ -10,6 +10,7 @@ from tally.core.entry_format import peek_header
 from tally.core.errors import BadDigest, BadRequest
 from tally.core.ids import LedgerId
 from tally.core.protocol.entry_lists import encode_ledger_ids
+from tally.core.protocol.read_entries import encode_entry_ids
 from tally.core.protocol.wire import (
     ADD,
     DO_FENCING,
@@ -306,6 +307,27 @@ class GetListOfEntriesOfLedgersRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadEntriesRequest:
+    """Read several entries of one ledger at once (read_entries.py): a repair's reads. The
+    bookie answers a prefix of `entry_ids`, stopping once it holds `max_bytes`."""
+
+    operation: ClassVar[Operation] = Operation.READ_ENTRIES
+    request_id: int
+    ledger_id: LedgerId
+    entry_ids: tuple[int, ...]
+    max_bytes: int
+
+    @property
+    def entry_id(self) -> int:
+        """The first entry asked: the one the header names, and an error answers for."""
+        return self.entry_ids[0] if self.entry_ids else 0
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        body = encode_entry_ids(self.entry_ids, self.max_bytes, self)
+        return request_frame(self, NO_FLAGS, body, max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerInfoRequest(_LedgerQuery):
     """Ask what the bookie knows of one ledger: fenced, LAC, entries and bytes stored."""
 
@@ -339,6 +361,7 @@ Request: TypeAlias = (
     | WriteLacRequest
     | GetListOfEntriesOfLedgerRequest
     | GetListOfEntriesOfLedgersRequest
+    | ReadEntriesRequest
     | AvailabilityDumpRequest
     | LedgerInfoRequest
     | MetadataCopyRequest

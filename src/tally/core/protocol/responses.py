@@ -11,6 +11,7 @@ from tally.core.errors import BadRequest, TallyError, from_code
 from tally.core.ids import LedgerId
 from tally.core.protocol.dump import LedgerAvailability, StateRecord, dump_record_parts
 from tally.core.protocol.entry_lists import LedgerEntries, record_parts
+from tally.core.protocol.read_entries import encode_entries
 from tally.core.protocol.requests import AddRequest, Request
 from tally.core.protocol.wire import (
     ADD_RESPONSE,
@@ -94,6 +95,23 @@ class ReadResponse(_Response):
 
     def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
         return response_frame(self, NO_FLAGS, as_entry_bytes(self.entry, self), max_frame_size)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEntriesResponse(_Response):
+    """A prefix of the entries a READ_ENTRIES asked, in its order, as the bookie stored
+    them; `entry_id` echoes the first asked. The reader checks each entry's digest."""
+
+    operation: ClassVar[Operation] = Operation.READ_ENTRIES
+    request_id: int
+    ledger_id: LedgerId
+    entry_id: int
+    entries: tuple[EntryBytes, ...]
+
+    def encode(self, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+        if not self.entries:
+            raise BadRequest(f"{type(self).__name__} {self.request_id}: answers no entry")
+        return response_frame(self, NO_FLAGS, encode_entries(self.entries), max_frame_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +280,7 @@ class MetadataCopyResponse(_Response):
 Response: TypeAlias = (
     AddResponse
     | ReadResponse
+    | ReadEntriesResponse
     | ReadLacResponse
     | WriteLacResponse
     | GetListOfEntriesOfLedgerResponse

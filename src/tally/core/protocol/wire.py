@@ -52,6 +52,7 @@ class Operation(enum.IntEnum):
     LEDGER_INFO = 7
     METADATA_COPY = 8
     GET_LIST_OF_ENTRIES_OF_LEDGERS = 9
+    READ_ENTRIES = 10
 
 
 ADD_RESPONSE: Final = int(Operation.ADD) | RESPONSE_BIT
@@ -99,6 +100,7 @@ RULES: Final = {
     Operation.LEDGER_INFO: _Rule(0, None, True),
     Operation.METADATA_COPY: _Rule(0, None, True),
     Operation.GET_LIST_OF_ENTRIES_OF_LEDGERS: _Rule(0, None, False),
+    Operation.READ_ENTRIES: _Rule(0, 0, True),
 }
 
 
