@@ -4,12 +4,14 @@ and checked; the journal files that hold them survive; rot in them is reported, 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from pathlib import Path
 
 import pytest
 
 from tally.bookie import journal_records
+from tally.bookie.direct_io import enable_direct
 from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import (
     ENTRY_HEAD,
@@ -128,6 +130,41 @@ def test_rot_in_a_kept_entry_is_unreadable_never_no_such_entry(tmp_path: Path, w
     assert storage.get_entry(LEDGER, 0)[1] == entries[0]
     assert storage.stats().read_errors == 1
     storage.close()
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_kept_entries_read_back_the_same_through_o_direct_or_the_page_cache(
+    tmp_path: Path, direct_io: bool
+) -> None:
+    """Records at unaligned offsets, larger and smaller than the last read's buffer, read
+    whole; a record cut by the file's end is a short read (unreadable), in both modes."""
+    sizes = [LARGE + 1, 5 * LARGE + 3, LARGE, 2 * LARGE + 4095]
+    entries = [payload(entry_id, size) for entry_id, size in enumerate(sizes)]
+    stored_with_kept(tmp_path, entries).close()
+    journal = JournalEntries(tmp_path / "journal", direct_io=direct_io)
+    storage = LedgerStorage(tmp_path / "ledgers", journal_entries=journal)
+    for entry_id in [0, 1, 2, 3, 1, 0]:
+        assert storage.get_entry(LEDGER, entry_id) == (crc32c(entries[entry_id]), entries[entry_id])
+    (file_id, path), *_ = journal_files(tmp_path / "journal")
+    probe = os.open(path, os.O_RDONLY)
+    try:
+        direct_allowed = enable_direct(probe)
+    finally:
+        os.close(probe)
+    fd = journal._handles._handles[file_id].fd
+    assert bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT) == (direct_io and direct_allowed)
+    storage.close()
+
+    content = path.read_bytes()
+    path.write_bytes(content[: content.index(entries[3]) + 1000])
+    cut = LedgerStorage(
+        tmp_path / "ledgers",
+        journal_entries=JournalEntries(tmp_path / "journal", direct_io=direct_io),
+    )
+    with pytest.raises(EntryUnreadable, match="short read"):
+        cut.get_entry(LEDGER, 3)
+    assert cut.get_entry(LEDGER, 2)[1] == entries[2]
+    cut.close()
 
 
 def test_a_missing_journal_file_is_unreadable(tmp_path: Path) -> None:

@@ -185,7 +185,9 @@ class LedgerDirectories:
                     path,
                     log_size_limit=log_size_limit,
                     direct_io=direct_io,
-                    journal_entries=JournalEntries(journal_dir) if keeps else None,
+                    journal_entries=(
+                        JournalEntries(journal_dir, direct_io=direct_io) if keeps else None
+                    ),
                     gc=gc,
                     on_corrupt=on_corrupt,
                 )

@@ -45,6 +45,14 @@ class ReadHandles:
         finally:
             self._release(handle)
 
+    def pread_into(self, file_id: int, into: memoryview, offset: int) -> int:
+        """Read into `into` from `offset`; the count read."""
+        handle = self._acquire(file_id)
+        try:
+            return os.preadv(handle.fd, [into], offset)
+        finally:
+            self._release(handle)
+
     def scan_into(self, file_id: int, into: memoryview, offset: int) -> int:
         """Read into `into` from `offset`, letting go of the cached pages of what was read
         (a scan reads each byte once, into buffers it reuses); the count read."""
