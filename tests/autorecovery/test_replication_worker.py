@@ -29,6 +29,7 @@ from tally.client.writer import LedgerWriter
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.schedule import write_set
+from tally.failpoints import enabled
 from tally.metadata.cluster import init_cluster
 from tally.metadata.ledger_manager import LedgerRecord
 from tally.metadata.stores import open_store
@@ -323,7 +324,7 @@ async def test_the_byte_rate_is_kept_and_a_remark_during_the_copy_keeps_the_mark
             started, copied_at_start = time.monotonic(), worker.status()["bytes_copied"]
             remark = await manager.mark_under_replicated(writer.ledger_id, ["10.0.0.9:3181"])
             assert remark.version > first.version
-            assert worker.status()["current_ledger"] == writer.ledger_id.qualified_name
+            assert worker.status()["current_ledgers"] == [writer.ledger_id.qualified_name]
 
             async def first_turn_over() -> bool:
                 return worker.status()["remarked"] == 1
@@ -340,6 +341,32 @@ async def test_the_byte_rate_is_kept_and_a_remark_during_the_copy_keeps_the_mark
             await counted(worker, "replicated", 1)
     metadata = await assert_every_copy(cluster.uri, writer.ledger_id, size)
     assert victim not in metadata.bookies()
+
+
+async def test_a_worker_repairs_at_most_its_ledgers_in_parallel_at_once(cluster: Cluster) -> None:
+    """Ledgers are taken several at a time (`rereplication_ledgers_in_parallel`), never
+    more: each copy is slowed by a failpoint's delay so that they overlap."""
+    async with tally.Client(cluster.uri, config=CLIENT) as client:
+        writers = [await write_ledger(client, 6, ensemble=3, write_quorum=3) for _ in range(5)]
+        victim = writers[0].metadata.metadata.segments[0].ensemble[0]
+        hit = [w.ledger_id for w in writers if victim in w.metadata.metadata.bookies()]
+        assert len(hit) >= 3
+        await kill_and_wait(cluster, victim)
+        for ledger_id in hit:
+            await client.context.under_replication.mark_under_replicated(ledger_id, [victim])
+    seen: list[int] = []
+    two_at_once = dataclasses.replace(FAST, rereplication_ledgers_in_parallel=2)
+    with enabled("replication.copy", "delay(0.2)"):
+        async with running_worker(cluster.uri, two_at_once) as worker:
+
+            async def all_repaired() -> bool:
+                seen.append(len(worker.status()["current_ledgers"]))
+                return not any([await is_marked(cluster.uri, x) for x in hit])
+
+            await until(all_repaired, "every ledger repaired", timeout=WAIT)
+    assert max(seen) == 2, seen
+    for ledger_id in hit:
+        await assert_every_copy(cluster.uri, ledger_id)
 
 
 async def test_two_workers_repair_each_ledger_once(cluster: Cluster) -> None:

@@ -79,9 +79,17 @@ class AutoRecoveryConfig:
     takes about 110 s to repair, per worker: raise it where the bookies have CPU to spare."""
     rereplication_entry_batch_size: int = 64
     """Entries of one ledger read from a source in one request (READ_ENTRIES, up to about
-    1 MiB of them) and written to each target together; two such batches are in flight.
+    1 MiB of them) and written to each target together; two such batches of a ledger are
+    in flight.
     BookKeeper's rereplicationEntryBatchSize (10) counts entries copied in parallel, one
     read each."""
+    rereplication_ledgers_in_parallel: int = 4
+    """Ledgers one worker repairs at once, each under its own lock (BookKeeper's worker
+    takes one at a time; a cluster runs one worker per bookie). One at a time left the
+    bookies idle while a ledger was planned and committed and between its batches: a lost
+    bookie's 256 MiB were copied at 133-165 MB/s, 190-200 with two ledgers at once and
+    207-228 with four or eight (docs/benchmarks.md, issue 21). The rate limit is the
+    worker's, whatever the number."""
     replication_backoff_initial: float = 1.0
     """Seconds before a failed ledger is tried again by this worker; doubles per failure."""
     replication_backoff_max: float = 300.0
@@ -112,6 +120,7 @@ class AutoRecoveryConfig:
             "auditor_max_concurrent_metadata_reads",
             "auditor_max_concurrent_bookie_requests",
             "rereplication_entry_batch_size",
+            "rereplication_ledgers_in_parallel",
         ):
             check(getattr(self, name) >= 1, name, "must be at least 1")
         check(

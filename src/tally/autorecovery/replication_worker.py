@@ -1,10 +1,11 @@
-"""The replication worker: repairs under-replicated ledgers, one at a time, under their lock.
+"""The replication worker: repairs under-replicated ledgers under their locks,
+`rereplication_ledgers_in_parallel` at a time.
 
 For each marked ledger that is not backing off and not on the lost-entries list at its
 current mark version, the worker takes the ledger's lock, reads its metadata, asks every
 registered bookie of it for its availability and lets `tally.core.replication` plan the
 repair. It then picks new bookies for lost ones with the placement policy, copies the
-entries with RECOVERY_ADD (rate-limited, a batch in flight), CASes the new ensembles into
+entries with RECOVERY_ADD (rate-limited, batches in flight), CASes the new ensembles into
 the metadata and plans again: only a plan with nothing left to do removes the mark, with
 the version check that keeps a re-mark made meanwhile. The lock is given back on every path.
 
@@ -88,7 +89,7 @@ class ReplicationWorker:
         self._schedule = RepairSchedule(
             config.replication_backoff_initial, config.replication_backoff_max
         )
-        self._current: LedgerId | None = None
+        self._current: set[LedgerId] = set()
         self._counts = dict.fromkeys(Outcome, 0)
         self._looks = 0
         """Looks at the marks (or at the switch, while replication is disabled) so far."""
@@ -167,8 +168,8 @@ class ReplicationWorker:
             await asyncio.wait_for(self._wake.wait(), delay)
 
     async def _pass(self) -> bool:
-        """One look at every mark, repairing those that are due, one at a time; True when a
-        ledger was marked again while it was repaired, so another pass is due at once."""
+        """One look at every mark, repairing those that are due, several at once; True when
+        a ledger was marked again while it was repaired, so another pass is due at once."""
         manager = self.context.under_replication
         self._marked = False
         try:
@@ -181,19 +182,47 @@ class ReplicationWorker:
             return False
         metrics.LOST_ENTRIES.set(len(on_lost_list))
         self._schedule.marks_seen([mark.ledger_id for mark in marks])
-        again = False
-        for mark in marks:
-            if not self._enabled:
-                break
-            due = self._schedule.is_due(
-                mark.ledger_id,
-                self._clock(),
-                mark_version=mark.version,
-                lost_at=on_lost_list.get(mark.ledger_id),
-            )
-            if due:
-                again |= await self._take(mark.ledger_id) is Outcome.REMARKED
-        return again
+        outcomes: list[Outcome | None] = []
+        broken: list[BaseException] = []
+        taking: set[asyncio.Task[Outcome | None]] = set()
+
+        def taken(task: asyncio.Task[Outcome | None]) -> None:
+            taking.discard(task)
+            if task.cancelled():
+                return
+            error = task.exception()
+            if error is not None:
+                broken.append(error)  # a bug, not a ledger's failure
+            else:
+                outcomes.append(task.result())
+
+        try:
+            for mark in marks:
+                if len(taking) >= self.config.rereplication_ledgers_in_parallel:
+                    await asyncio.wait(taking, return_when=asyncio.FIRST_COMPLETED)
+                if broken:
+                    raise broken[0]
+                if not self._enabled:
+                    break
+                due = self._schedule.is_due(
+                    mark.ledger_id,
+                    self._clock(),
+                    mark_version=mark.version,
+                    lost_at=on_lost_list.get(mark.ledger_id),
+                )
+                if due:
+                    task = asyncio.create_task(self._take(mark.ledger_id))
+                    taking.add(task)
+                    task.add_done_callback(taken)
+            if taking:
+                await asyncio.wait(taking)
+            if broken:
+                raise broken[0]
+        finally:
+            for task in taking:
+                task.cancel()  # each gives its lock back on its way out
+            await asyncio.gather(*taking, return_exceptions=True)
+        return Outcome.REMARKED in outcomes
 
     async def _take(self, ledger_id: LedgerId) -> Outcome | None:
         """Lock the ledger, repair it, give it back; the outcome (None: not taken, another
@@ -208,7 +237,7 @@ class ReplicationWorker:
             return Outcome.FAILED
         if lock is None:
             return None
-        self._current = ledger_id
+        self._current.add(ledger_id)
         held = True
         try:
             turn = await LedgerRepair(self, lock).run()
@@ -241,7 +270,7 @@ class ReplicationWorker:
             )
             turn = Turn(Outcome.FAILED, f"{type(error).__name__}: {error}")
         finally:
-            self._current = None
+            self._current.discard(ledger_id)
             if held:
                 with contextlib.suppress(TallyError):
                     await manager.release(lock)
@@ -296,7 +325,7 @@ class ReplicationWorker:
             "worker_id": self.worker_id,
             "replication_enabled": self._enabled,
             "looks": self._looks,
-            "current_ledger": None if self._current is None else self._current.qualified_name,
+            "current_ledgers": sorted(ledger_id.qualified_name for ledger_id in self._current),
             **{outcome.value: count for outcome, count in self._counts.items()},
             "entries_copied": self._entries_copied,
             "bytes_copied": self._bytes_copied,
