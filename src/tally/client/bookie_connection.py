@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from asyncio import BaseEventLoop
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
@@ -117,7 +119,11 @@ class BookieConnection(asyncio.BufferedProtocol):
     ) -> None:
         self.address = address
         self._loop = loop
-        self._time = loop.time
+        # A deadline per request sent: the standard loop's clock is time.monotonic, read
+        # without the loop's method around it (3 Python calls fewer per replicated add).
+        self._time = time.monotonic if type(loop).time is BaseEventLoop.time else loop.time
+        self.closed = False
+        """True once the connection failed or was closed: every request now fails at once."""
         self._request_timeout = request_timeout
         self._max_frame_size = max_frame_size
         self._reader = ResponseReader(max_frame_size)
@@ -169,11 +175,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         except OSError as error:
             raise BookieUnavailable(f"bookie {address}: cannot connect: {error}") from error
         return connection
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection failed or was closed: every request now fails at once."""
-        return self._failure is not None
 
     # --- requests -------------------------------------------------------------------------
 
@@ -548,6 +549,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         if self._failure is not None:
             return
         self._failure = reason
+        self.closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

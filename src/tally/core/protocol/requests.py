@@ -162,10 +162,8 @@ class PreparedAdd(NamedTuple):
     entry: EntryBytes
     frame_size: int
     """The frame's length prefix: what a connection's frame limit applies to."""
-
-    @property
-    def operation(self) -> Operation:
-        return Operation.ADD
+    operation: Operation = Operation.ADD
+    """A field rather than a property: a connection reads it for every answer."""
 
     @classmethod
     def of(
