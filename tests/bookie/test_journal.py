@@ -298,6 +298,41 @@ def test_a_batch_closes_at_the_record_that_reaches_max_batch_bytes(
     assert [record for _, record in replayed(tmp_path)] == records
 
 
+def test_an_idle_journal_syncs_a_small_batch_on_the_loop_and_anything_else_on_its_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone small record is written and synced by the event loop's thread (no hop to the
+    writer threads and back); a large batch, or any batch after a slow fdatasync, by the
+    journal's threads. Each is durable and answered either way."""
+    real = os.fdatasync
+    synced_on: list[str] = []
+
+    def recording(fd: int) -> None:
+        synced_on.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording)
+
+    async def scenario() -> list[JournalMark]:
+        journal = Journal(tmp_path)
+        await journal.start()
+        loop_thread = threading.current_thread().name
+        marks = [await journal.append(b"lone and small")]
+        assert synced_on == [loop_thread]
+        marks.append(await journal.append(b"x" * (64 << 10)))
+        assert synced_on[-1] != loop_thread, "a large batch goes to the threads"
+        journal.stats.last_fdatasync_seconds = 0.05  # as if the disk had slowed down
+        marks.append(await journal.append(b"small, after a slow sync"))
+        assert synced_on[-1] != loop_thread, "after a slow sync, the threads wait for it"
+        marks.append(await journal.append(b"small, the last sync was quick again"))
+        assert synced_on[-1] == loop_thread
+        await journal.close()
+        return marks
+
+    marks = run(scenario())
+    assert [mark for mark, _ in replayed(tmp_path)] == marks
+
+
 def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pwrite may write less than asked (a signal, a nearly full disk): the rest follows."""
     real_pwrite = os.pwrite

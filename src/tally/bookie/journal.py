@@ -59,6 +59,14 @@ callback, called from the batch's completion, since a future per record, with th
 callback its result schedules, is a large part of an add's cost. `max_batch_delay`
 (BookKeeper's journalMaxGroupWaitMSec) can make a batch wait for company; it defaults to 0,
 since the adaptive batching needs no wait (see the benchmark).
+
+An idle journal (no batch being written or synced) writes and fdatasyncs a small batch
+(`SYNC_HERE_MAX_BYTES`) on the event loop's own thread, in the same order and with the same
+failure handling, as long as the last fdatasync was quick (`SYNC_HERE_MAX_SECONDS`). At a low
+rate every add is such a batch, and the two thread hops (to the writer, back to the loop)
+cost more than the sync: about a quarter of a bookie's CPU per add paced at 1,000 adds/s,
+and 0.1 ms of its latency (docs/benchmarks.md, issue 21). The loop is blocked for that sync
+(0.1-0.2 ms here); under load, batches are in flight and go to the threads as before.
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from tally.bookie.direct_io import enable_direct
+from tally.bookie.direct_io import aligned_up, enable_direct
 from tally.bookie.journal_files import (
     OpenFile,
     create_file,
@@ -111,6 +119,12 @@ records get much closer to the disk's raw rate with 1 MiB batches than with 512 
 (bench/bench_journal.py; docs/benchmarks.md)."""
 RECENT_FDATASYNCS = 1024
 """fdatasync latencies kept for the metrics."""
+SYNC_HERE_MAX_BYTES = 8 << 10
+"""An idle journal writes and syncs a batch up to this size on the event loop itself (see
+the module docstring)."""
+SYNC_HERE_MAX_SECONDS = 0.002
+"""... while the last fdatasync took at most this long: a disk that slows down is waited
+for on the writer threads again, not on the loop, until a sync is fast once more."""
 
 
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
@@ -542,8 +556,43 @@ class Journal:
             if batch is None:
                 return
             self._in_flight = True
+            here = self._may_sync_here(batch)
+        if here:
+            self._write_and_sync_here(batch)
+            return
         assert self._executor is not None
         self._executor.submit(self._run_batches, batch)
+
+    def _may_sync_here(self, batch: _Batch) -> bool:
+        """Whether the loop may write and sync `batch` itself: nothing else is being
+        written or synced, it is small, needs no new file or preallocation, and the disk's
+        last fdatasync was quick. Call under the queue lock."""
+        f = self._file
+        return (
+            self._pending_sync == 0
+            and self._failure is None
+            and f is not None
+            and batch.previous is None
+            and batch.staged <= SYNC_HERE_MAX_BYTES
+            and batch.start + aligned_up(batch.filled) <= f.allocated
+            and self.stats.last_fdatasync_seconds <= SYNC_HERE_MAX_SECONDS
+        )
+
+    def _write_and_sync_here(self, batch: _Batch) -> None:
+        """`_run_batches` and `_sync_written` for one batch, on the event loop: written,
+        synced and answered before this returns."""
+        try:
+            written: _Written | _WriteError = self._write_batch(batch)
+        except WriteFailed as error:
+            written = _WriteError(batch.waiters, error)
+        with self._queue_lock:
+            assert self._stage is not None
+            self._stage.give_back(batch)
+            self._pending_sync += 1
+            if isinstance(written, _Written):
+                self._in_flight = False
+            # A failed batch leaves `_in_flight` set: `_fail` clears the queue.
+        self._sync_items([written], answer=self._batches_done)
 
     def _take_batch(self) -> _Batch | None:
         """The next batch off the stage, or None (empty); call under the queue lock."""
@@ -635,7 +684,13 @@ class Journal:
             with self._sync_lock:
                 self._syncing = False
 
-    def _sync_items(self, items: list[_Written | _Retired | _WriteError]) -> None:
+    def _sync_items(
+        self,
+        items: list[_Written | _Retired | _WriteError],
+        answer: Callable[[list[tuple[list[_Waiter], _Outcome]]], None] | None = None,
+    ) -> None:
+        """fdatasync the files `items` wrote to and answer them, through the loop's
+        `_batches_done` (`answer`, called here on the loop; by default from another thread)."""
         failure = self._sync_failure
         if failure is None:
             try:
@@ -658,8 +713,11 @@ class Journal:
                 answers.append((item.waiters, failure))
             else:
                 answers.append((item.waiters, (item.file.file_id, item.ends)))
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._batches_done, answers)
+        if answer is not None:
+            answer(answers)
+        else:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._batches_done, answers)
         for item in items:
             if isinstance(item, _Written) and failure is None and not item.file.direct:
                 # Once the answer is on its way: only a replay reads the journal again.
