@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -478,25 +478,34 @@ async def test_a_corrupt_copy_is_never_copied_and_is_written_over(cluster: Clust
     assert metric("replication_worker_num_bad_copies_repaired_total") >= 1
 
 
+@pytest.mark.parametrize("failure", ["timeout", "closed"])
 async def test_a_source_that_does_not_answer_a_batched_read_has_its_entries_copied_alone(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
 ) -> None:
-    """READ_ENTRIES unanswered (a timeout, or an older bookie that closes the connection
-    on an operation it does not know: stood in for here in the worker's process): its
-    entries are read one by one instead, and the repair is whole."""
+    """READ_ENTRIES unanswered: a timeout, or an older bookie that closes the connection on
+    an operation it does not know (stood in for here in the worker's process, closing the
+    worker's connection as such a bookie would). Its entries are read one by one instead,
+    and the repair is whole; a bookie that closed the connection is not asked to batch
+    again in the pass."""
     async with tally.Client(cluster.uri, config=CLIENT) as client:
         writer = await write_ledger(client, 30, ensemble=3, write_quorum=3)
     ensemble = writer.metadata.metadata.segments[0].ensemble
     victim = ensemble[0]
-    unanswered: list[tuple[int, ...]] = []
+    unanswered: list[tuple[str, tuple[int, ...]]] = []
 
-    async def times_out(
-        self: BookieConnection, ledger_id: LedgerId, entry_ids: object, max_bytes: int
+    async def unanswering(
+        self: BookieConnection, ledger_id: LedgerId, entry_ids: Sequence[int], max_bytes: int
     ) -> tuple[bytes, ...]:
-        unanswered.append(tuple(entry_ids))  # type: ignore[arg-type]
-        raise TimeoutError
+        unanswered.append((self.address, tuple(entry_ids)))
+        if failure == "timeout":
+            raise TimeoutError
+        self._abort("the bookie closed the connection on an unknown operation")
+        raise self._unavailable()
 
-    monkeypatch.setattr(BookieConnection, "read_entries", times_out)
+    monkeypatch.setattr(BookieConnection, "read_entries", unanswering)
     caplog.set_level(logging.INFO, logger="tally.autorecovery.ledger_repair")
     await kill_and_wait(cluster, victim)
     async with tally.Client(cluster.uri, config=CLIENT) as client:
@@ -504,7 +513,11 @@ async def test_a_source_that_does_not_answer_a_batched_read_has_its_entries_copi
     async with running_worker(cluster.uri) as worker:
         await until(lambda: _not(is_marked(cluster.uri, writer.ledger_id)), "the ledger repaired")
         assert worker.status()["entries_copied"] == 30
-    assert sorted(e for asked in unanswered for e in asked) == list(range(30)), "asked once"
+    asked = sorted(entry for _, entries in unanswered for entry in entries)
+    assert asked == list(range(30)), "each entry asked in a batch once, then alone"
+    if failure == "closed":
+        sources = [address for address, _ in unanswered]
+        assert len(sources) == len(set(sources)), "a closing bookie is asked to batch once"
     assert any("copying them one by one" in r.getMessage() for r in caplog.records)
     await assert_every_copy(cluster.uri, writer.ledger_id)
 

@@ -4,6 +4,7 @@ and checked; the journal files that hold them survive; rot in them is reported, 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ from tally.bookie.journal_entries import (
 from tally.bookie.journal_files import journal_files
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_storage import LedgerStorage
+from tally.bookie.read_handles import ReadHandles
 from tally.core.digest import crc32c
 from tally.core.errors import EntryUnreadable, NoSuchEntry
 from tally.core.ids import LedgerId
@@ -165,6 +167,29 @@ def test_kept_entries_read_back_the_same_through_o_direct_or_the_page_cache(
         cut.get_entry(LEDGER, 3)
     assert cut.get_entry(LEDGER, 2)[1] == entries[2]
     cut.close()
+
+
+@pytest.mark.parametrize(("code", "unreadable"), [(errno.EIO, True), (errno.EINVAL, False)])
+def test_a_disk_error_is_unreadable_and_a_misaligned_read_is_no_answer_about_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, unreadable: bool
+) -> None:
+    """EIO says the copy cannot be read (a repair takes it as no usable copy there); EINVAL
+    from an O_DIRECT read says this code asked wrongly, which says nothing of the copy, so
+    it is raised as it is: an internal error, unknown to whoever asked."""
+    entries = [payload(0, LARGE)]
+    stored_with_kept(tmp_path, entries).close()
+    storage = LedgerStorage(
+        tmp_path / "ledgers", journal_entries=JournalEntries(tmp_path / "journal")
+    )
+
+    def failing(*_: object) -> int:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(ReadHandles, "pread_into", failing)
+    with pytest.raises((OSError, EntryUnreadable)) as raised:
+        storage.get_entry(LEDGER, 0)
+    assert isinstance(raised.value, EntryUnreadable) == unreadable
+    storage.close()
 
 
 def test_a_missing_journal_file_is_unreadable(tmp_path: Path) -> None:

@@ -192,6 +192,24 @@ async def test_read_entries_answers_a_prefix_and_never_an_entry_it_lacks_as_miss
         assert answered == big
 
 
+async def test_read_entries_fits_the_clients_frame_when_the_bookies_is_larger(
+    cluster: str, tmp_path: Path
+) -> None:
+    """A bookie allowed frames over the protocol's default answers READ_ENTRIES within the
+    default, which is what clients read with: the entry that would take the reply past it
+    is left for the next request, not sent in a frame the client must refuse."""
+    large = 8 << 20
+    settings = {"max_frame_size": large, "receive_buffer_limit_bytes": 2 * large}
+    with running(BookieUnderTest(cluster, tmp_path / "bookie", settings=settings)) as started:
+        ledger = new_ledger()
+        entries = [entry(ledger, 0, b"a" * (900 << 10)), entry(ledger, 1, b"b" * (4500 << 10))]
+        await add_all(started.address, entries)
+        async with connected(started.address) as connection:
+            assert await connection.read_entries(ledger, [0, 1], 1 << 20) == (entries[0],)
+            assert await connection.read_entries(ledger, [1], 1 << 20) == (entries[1],)
+            assert not connection.closed
+
+
 async def test_a_re_add_is_idempotent_for_the_reader(bookie: BookieUnderTest) -> None:
     ledger = new_ledger()
     async with connected(bookie.address) as connection:

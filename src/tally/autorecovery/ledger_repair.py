@@ -25,8 +25,10 @@ from tally.core.availability import EntryAvailability
 from tally.core.digest import LedgerKeys
 from tally.core.errors import (
     BadDigest,
+    BookieUnavailable,
     EntryUnreadable,
     MetadataVersionConflict,
+    NoSuchEntry,
     NoSuchLedger,
     TallyError,
 )
@@ -64,6 +66,8 @@ READ_BATCH_BYTES = 1 << 20
 64 KiB, a few milliseconds of the source's event loop."""
 BATCHES_IN_FLIGHT = 2
 """Batches of one ledger copied at once: one is read while the other is written."""
+ONE_BY_ONE_IN_FLIGHT = 10
+"""Entries of one ledger copied alone at once (BookKeeper's rereplicationEntryBatchSize)."""
 
 
 class _SegmentChanged(Exception):
@@ -120,6 +124,9 @@ class RepairHost(Protocol):
 
     def count_copy(self, entries: int, size: int) -> None: ...
 
+    reads_one_by_one: set[str]
+    """Bookies whose entries are read one request each (not READ_ENTRIES) for now."""
+
 
 class LedgerRepair:
     """One ledger's turn under its lock."""
@@ -135,6 +142,8 @@ class LedgerRepair:
         self.copied_to: set[str] = set()
         """Bookies this turn copied entries onto: given the ledger's metadata copy at its end."""
         self.written_over: dict[str, set[int]] = defaultdict(set)
+        self._one_by_one = asyncio.Semaphore(ONE_BY_ONE_IN_FLIGHT)
+        """Bounds the entries of this ledger copied alone at once."""
         """Bad copies (the mark's) this turn has written a verified copy over, per bookie."""
 
     async def run(self) -> Turn:
@@ -368,26 +377,32 @@ class LedgerRepair:
         tally: _CopyTally,
     ) -> None:
         """Read the batch from its first source in as few requests as its size allows, and
-        copy what verifies. An entry the source has no usable copy of, first in a request,
-        is copied alone (`_copy_entry` tries its other sources and judges it), as is every
-        entry left when the source gives no answer (an error, a timeout)."""
+        copy what verifies. An entry the source holds no usable copy of (NoSuchEntry, a
+        corrupt or unreadable copy), first in a request, is copied alone (`_copy_entry`
+        tries its other sources and judges it); so is every entry left when the source
+        answers for the whole ledger or not at all (an error, a timeout, a closed
+        connection: a bookie too old for READ_ENTRIES closes it, so its entries are read
+        one by one for the rest of the worker's pass)."""
         remaining = batch
-        while len(remaining) > 1:
-            source = remaining[0].sources[0]
+        source = batch[0].sources[0] if batch[0].sources else ""
+        while len(remaining) > 1 and source not in self.worker.reads_one_by_one:
             asked = [sources.entry_id for sources in remaining[:MAX_ENTRIES_PER_READ]]
             try:
                 fetched = await self.fetcher.read_batch_from(
                     metadata, source, asked, READ_BATCH_BYTES
                 )
             except (TallyError, TimeoutError) as error:
-                if Copy.of(error) is Copy.UNKNOWN:
+                if not isinstance(error, NoSuchEntry | EntryUnreadable):
+                    if isinstance(error, BookieUnavailable):
+                        self.worker.reads_one_by_one.add(source)
                     log.info(
                         "ledger %s: entries %d.. not read from bookie %s in one request "
-                        "(%s); copying them one by one",
+                        "(%s: %s); copying them one by one",
                         self.name,
                         asked[0],
                         source,
                         type(error).__name__,
+                        error,
                     )
                     break
                 fetched = []
@@ -397,10 +412,13 @@ class LedgerRepair:
                 continue
             await self._store(remaining[: len(fetched)], fetched, new_bookies, tally)
             remaining = remaining[len(fetched) :]
+
+        async def alone(sources: EntrySources) -> None:
+            async with self._one_by_one:
+                await self._copy_entry(metadata, sources, new_bookies, tally)
+
         if remaining:
-            await asyncio.gather(
-                *(self._copy_entry(metadata, sources, new_bookies, tally) for sources in remaining)
-            )
+            await asyncio.gather(*(alone(sources) for sources in remaining))
 
     async def _store(
         self,
@@ -512,6 +530,7 @@ class LedgerRepair:
         try:
             await afailpoint("replication.copy")
             connection = await self.context.bookies.get(bookie)
+            await connection.drain()  # a slow target: its requests' clocks start when sent
             for raw in raws:
                 answers.append(connection.add_nowait(raw, self.fetcher.master_key, recovery=True))
         except (TallyError, OSError) as error:

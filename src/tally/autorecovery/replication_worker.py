@@ -90,6 +90,10 @@ class ReplicationWorker:
             config.replication_backoff_initial, config.replication_backoff_max
         )
         self._current: set[LedgerId] = set()
+        self.reads_one_by_one: set[str] = set()
+        """Bookies whose READ_ENTRIES failed this pass (a closed connection: an older bookie
+        that does not know it, or one that is down): read one entry a request until the
+        next pass."""
         self._counts = dict.fromkeys(Outcome, 0)
         self._looks = 0
         """Looks at the marks (or at the switch, while replication is disabled) so far."""
@@ -172,6 +176,7 @@ class ReplicationWorker:
         a ledger was marked again while it was repaired, so another pass is due at once."""
         manager = self.context.under_replication
         self._marked = False
+        self.reads_one_by_one.clear()
         try:
             marks = [mark async for mark in manager.list_under_replicated()]
             on_lost_list = {

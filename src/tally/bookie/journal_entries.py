@@ -25,6 +25,7 @@ about 40 µs.
 from __future__ import annotations
 
 import enum
+import errno
 import mmap
 import os
 import struct
@@ -105,30 +106,40 @@ class JournalEntries:
         EntryCorrupt if it fails its check (`check`), EntryUnreadable if it cannot be read."""
         file_id, offset, size, _ = location
         start, length = offset - ENTRY_HEAD.size, ENTRY_HEAD.size + size
-        try:
-            if not self._direct_io:
+        if not self._direct_io:
+            try:
                 raw = self._handles.pread(file_id, length, start)
-                crc, data = self.check(raw, location, ledger_id, entry_id)
-                return crc, bytes(data)  # (bytes already: raw is)
-            with self._read_aligned(file_id, start, length) as record:
-                crc, data = self.check(record, location, ledger_id, entry_id)
-                return crc, bytes(data)
-        except OSError as error:
-            raise EntryUnreadable(
-                f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
-            ) from error
-
-    def _read_aligned(self, file_id: int, start: int, length: int) -> memoryview:
-        """The bytes [start, start + length) of the file (fewer at its end), read as whole
-        aligned blocks into this thread's buffer: valid until its next read."""
+            except OSError as error:
+                raise self._unreadable(location, ledger_id, entry_id, error) from error
+            crc, data = self.check(raw, location, ledger_id, entry_id)
+            return crc, bytes(data)  # (bytes already: raw is)
         first = aligned_down(start)
         span = aligned_up(start + length) - first
+        with memoryview(self._buffer(span)) as view:
+            try:
+                read = self._handles.pread_into(file_id, view[:span], first)
+            except OSError as error:
+                if error.errno == errno.EINVAL:
+                    raise  # a misaligned O_DIRECT read: this code's error, not the disk's
+                raise self._unreadable(location, ledger_id, entry_id, error) from error
+            end = max(start - first, min(read, start - first + length))
+            with view[start - first : end] as record:
+                crc, data = self.check(record, location, ledger_id, entry_id)
+                return crc, bytes(data)
+
+    def _buffer(self, size: int) -> mmap.mmap:
+        """This thread's page-aligned read buffer, of at least `size` bytes."""
         buffer: mmap.mmap | None = getattr(self._buffers, "buffer", None)
-        if buffer is None or len(buffer) < span:
-            buffer = self._buffers.buffer = mmap.mmap(-1, aligned_up(span))  # page-aligned
-        with memoryview(buffer) as view:
-            read = self._handles.pread_into(file_id, view[:span], first)
-            return view[start - first : max(start - first, min(read, start - first + length))]
+        if buffer is None or len(buffer) < size:
+            buffer = self._buffers.buffer = mmap.mmap(-1, aligned_up(size))
+        return buffer
+
+    def _unreadable(
+        self, location: JournalLocation, ledger_id: LedgerId, entry_id: int, error: OSError
+    ) -> EntryUnreadable:
+        return EntryUnreadable(
+            f"{self._where(location, ledger_id, entry_id)}: read failed: {error}"
+        )
 
     def check(
         self,

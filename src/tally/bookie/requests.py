@@ -338,12 +338,15 @@ class BookieRequestProcessor:
                         raise
                     return
 
-        entries = protocol.answer_entries(read(), request.max_bytes, self._max_frame_size)
+        # A client reads frames of MAX_FRAME_SIZE by default, whatever this bookie's limit.
+        budget = min(self._max_frame_size, protocol.MAX_FRAME_SIZE)
+        entries = protocol.answer_entries(read(), request.max_bytes, budget)
         response = protocol.ReadEntriesResponse(
             request.request_id, ledger_id, request.entry_id, tuple(entries)
         )
-        self._ok(request, connection, response.encode(self._max_frame_size))
-        self.metrics.read_entry_seconds.observe(time.perf_counter() - started, len(entries))
+        self._ok(request, connection, response.encode(budget))
+        elapsed = time.perf_counter() - started
+        self.metrics.read_entry_seconds.observe(elapsed / len(entries), len(entries))
 
     def _fence(
         self,

@@ -213,9 +213,13 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
         """`add_nowait`, after waiting for the transport to drain if it is full."""
+        await self.drain()
+        await self.add_nowait(entry, master_key, recovery=recovery)
+
+    async def drain(self) -> None:
+        """Wait while the transport is full (over its high-water mark), if it is."""
         if self._writing_paused:
             await self._drain()
-        await self.add_nowait(entry, master_key, recovery=recovery)
 
     async def read(
         self, ledger_id: LedgerId, entry_id: int, *, fencing_key: bytes | None = None
