@@ -5,9 +5,10 @@ Three bookie processes hold ledgers of 64 KiB entries (E3 WQ2 AQ2, so the victim
 thirds of every ledger: N MiB in all); a fourth, empty one starts, the victim is SIGKILLed,
 and once its registration has lapsed every ledger is marked under-replicated naming it, as
 the auditor would (the auditor's own delay is not part of the figure). One
-`ReplicationWorker` with the default settings (`rereplication_entry_batch_size` entries in
-flight, no rate limit) then repairs them, in this process; the figure is the bytes it wrote
-over the time from the marks to the last mark's removal. Reads come from the two
+`ReplicationWorker` with the default settings (`rereplication_entry_batch_size` entries a
+read, `rereplication_ledgers_in_parallel` ledgers at once, no rate limit) then repairs them,
+in this process; the figure is the bytes it wrote over the time from the marks to the last
+mark's removal. Reads come from the two
 survivors, writes go to the newcomer; all bookies share the scratch directory's disk.
 
 The reference is bench_bookie.py's: appending 64 KiB blocks to a new file with fdatasync
@@ -289,7 +290,7 @@ def repair_beside_writer(
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=64, help="MiB the lost bookie held (64)")
-    parser.add_argument("--batch", type=int, default=0, help="entries in flight (config's)")
+    parser.add_argument("--batch", type=int, default=0, help="entries a read (config's)")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (temp)")
     parser.add_argument("--profile", action="store_true", help="profile the worker (cProfile)")
     parser.add_argument(
@@ -335,7 +336,7 @@ def print_table(figures: dict[str, float], mib: int) -> None:
         rate = figures["rereplication_mb_per_s"]
         row(
             f"re-replication after losing a bookie that held {mib} MiB, no rate limit "
-            f"({figures['ledgers']:.0f} ledgers, 64 KiB entries, {figures['batch']:.0f} in flight)",
+            f"({figures['ledgers']:.0f} ledgers, 64 KiB entries, {figures['batch']:.0f} a read)",
             f"{rate:,.1f} MB/s ({figures['rereplicated_bytes'] / MIB:,.0f} MiB "
             f"in {figures['rereplication_seconds']:.1f} s)",
             f"raw 64 KiB appends, fdatasync every 1 MiB: {raw:,.0f} MB/s",
