@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tally.bookie import journal as journal_module
 from tally.bookie.direct_io import aligned_up
 from tally.bookie.journal import Journal, out_of_space
 from tally.bookie.journal_files import journal_files
@@ -158,7 +159,7 @@ def test_records_appended_together_are_answered_once_when_the_last_is_durable(
 
 
 def test_records_appended_together_fail_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_path: str
 ) -> None:
     real = os.pwrite
 
@@ -301,14 +302,22 @@ def test_a_batch_closes_at_the_record_that_reaches_max_batch_bytes(
 def test_an_idle_journal_syncs_a_small_batch_on_the_loop_and_anything_else_on_its_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A lone small record is written and synced by the event loop's thread (no hop to the
-    writer threads and back); a large batch, or any batch after a slow fdatasync, by the
-    journal's threads. Each is durable and answered either way."""
+    """Lone small records are written and synced by the event loop's thread once the
+    recent fdatasyncs were quick (no hop to the writer threads and back); the first ones,
+    a large batch, and any after a slow fdatasync, by the journal's threads, until enough
+    quick ones again. Each is durable and answered either way. (Quick: at most 0.2 s here,
+    which a real fdatasync on this disk never comes near; slow: one that sleeps 0.25 s.)"""
+    monkeypatch.setattr(journal_module, "SYNC_HERE_MAX_SECONDS", 0.2)
+    monkeypatch.setattr(journal_module, "QUICK_SYNCS_BEFORE_SYNC_HERE", 3)
     real = os.fdatasync
     synced_on: list[str] = []
+    slow = threading.Event()
 
     def recording(fd: int) -> None:
         synced_on.append(threading.current_thread().name)
+        if slow.is_set():
+            slow.clear()
+            time.sleep(0.25)
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", recording)
@@ -316,21 +325,40 @@ def test_an_idle_journal_syncs_a_small_batch_on_the_loop_and_anything_else_on_it
     async def scenario() -> list[JournalMark]:
         journal = Journal(tmp_path)
         await journal.start()
-        loop_thread = threading.current_thread().name
-        marks = [await journal.append(b"lone and small")]
-        assert synced_on == [loop_thread]
-        marks.append(await journal.append(b"x" * (64 << 10)))
-        assert synced_on[-1] != loop_thread, "a large batch goes to the threads"
-        journal.stats.last_fdatasync_seconds = 0.05  # as if the disk had slowed down
-        marks.append(await journal.append(b"small, after a slow sync"))
-        assert synced_on[-1] != loop_thread, "after a slow sync, the threads wait for it"
-        marks.append(await journal.append(b"small, the last sync was quick again"))
-        assert synced_on[-1] == loop_thread
+        here = threading.current_thread().name
+
+        async def lone(record: bytes) -> str:
+            marks.append(await journal.append(record))
+            return synced_on[-1]
+
+        marks: list[JournalMark] = []
+        first = [await lone(b"first %d" % n) for n in range(3)]
+        assert here not in first, "until 3 quick syncs, on the threads"
+        assert await lone(b"lone and small") == here
+        assert await lone(b"x" * (64 << 10)) != here, "a large batch goes to the threads"
+        assert await lone(b"small again") == here
+        slow.set()
+        assert await lone(b"small, its sync slow") == here
+        after = [await lone(b"after the slow one %d" % n) for n in range(4)]
+        assert here not in after[:3], "after a slow sync, on the threads until 3 quick ones"
+        assert after[3] == here
         await journal.close()
         return marks
 
     marks = run(scenario())
     assert [mark for mark, _ in replayed(tmp_path)] == marks
+
+
+@pytest.fixture(params=["threads", "loop"])
+def sync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with every batch on the journal's threads, or an idle journal's small
+    batches on the event loop (as soon as it starts)."""
+    if request.param == "threads":
+        monkeypatch.setattr(journal_module, "SYNC_HERE_MAX_BYTES", 0)
+    else:
+        monkeypatch.setattr(journal_module, "QUICK_SYNCS_BEFORE_SYNC_HERE", 0)
+        monkeypatch.setattr(journal_module, "SYNC_HERE_MAX_SECONDS", 60.0)
+    return str(request.param)
 
 
 def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -729,7 +757,7 @@ def test_disk_full_fails_the_batch_and_every_later_append(
     ("failing", "direct_io"), [("pwrite", False), ("pwrite", True), ("fdatasync", True)]
 )
 def test_an_io_error_fails_the_whole_batch_and_the_queue(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, direct_io: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, direct_io: bool, sync_path: str
 ) -> None:
     real = getattr(os, failing)
     armed = threading.Event()

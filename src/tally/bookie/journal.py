@@ -62,11 +62,14 @@ since the adaptive batching needs no wait (see the benchmark).
 
 An idle journal (no batch being written or synced) writes and fdatasyncs a small batch
 (`SYNC_HERE_MAX_BYTES`) on the event loop's own thread, in the same order and with the same
-failure handling, as long as the last fdatasync was quick (`SYNC_HERE_MAX_SECONDS`). At a low
-rate every add is such a batch, and the two thread hops (to the writer, back to the loop)
-cost more than the sync: about a quarter of a bookie's CPU per add paced at 1,000 adds/s,
-and 0.1 ms of its latency (docs/benchmarks.md, issue 21). The loop is blocked for that sync
-(0.1-0.2 ms here); under load, batches are in flight and go to the threads as before.
+failure handling, while the recent fdatasyncs were all quick (`SYNC_HERE_MAX_SECONDS`). At a
+low rate every add is such a batch, and the two thread hops (to the writer, back to the
+loop) cost more than the sync: about a quarter of a bookie's CPU per add paced at 1,000
+adds/s, and 0.1 ms of its latency (docs/benchmarks.md, issue 21). The loop is blocked for
+that sync (0.1-0.2 ms here): a disk stall that starts during one blocks the loop once, for
+the stall, and sends the batches after it to the threads. Under load, batches are in flight
+and go to the threads as before, as they do while the journal closes and while a failpoint
+is enabled (a test's `delay` or error is then met where it always was).
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ from tally.bookie.journal_staging import JournalStage, StagedBuffer
 from tally.bookie.page_cache import drop_written
 from tally.core.digest import crc32c
 from tally.core.errors import BadRequest, IllegalOperation, WriteFailed
+from tally.failpoints import active as failpoints_active
 from tally.failpoints import failpoint
 
 log = logging.getLogger(__name__)
@@ -123,8 +127,10 @@ SYNC_HERE_MAX_BYTES = 8 << 10
 """An idle journal writes and syncs a batch up to this size on the event loop itself (see
 the module docstring)."""
 SYNC_HERE_MAX_SECONDS = 0.002
-"""... while the last fdatasync took at most this long: a disk that slows down is waited
-for on the writer threads again, not on the loop, until a sync is fast once more."""
+"""... once the last QUICK_SYNCS_BEFORE_SYNC_HERE fdatasyncs each took at most this long:
+one slower sync sends the batches back to the writer threads until that many quick ones
+again, so that a disk that stalls blocks the loop once at most, not for every add."""
+QUICK_SYNCS_BEFORE_SYNC_HERE = 8
 
 
 Done: TypeAlias = Callable[["JournalMark | None", Exception | None], None]
@@ -144,7 +150,8 @@ def out_of_space(error: BaseException) -> bool:
 
 @dataclass
 class JournalStats:
-    """Counters of the write path for the bookie's metrics, kept by the journal thread."""
+    """Counters of the write path for the bookie's metrics, kept by whichever thread writes
+    or syncs a batch (the journal's threads, or the loop for an idle journal's small one)."""
 
     records: int = 0
     batches: int = 0
@@ -273,6 +280,8 @@ class Journal:
         """Whether a thread is syncing and answering items (under `_sync_lock`)."""
         self._pending_sync = 0
         """Batches written but not yet answered (under the queue lock)."""
+        self._quick_syncs = 0
+        """fdatasyncs in a row that took at most SYNC_HERE_MAX_SECONDS (`_may_sync_here`)."""
         self._stage: JournalStage[_Waiter] | None = None
         """Records appended and not yet written (under the queue lock); made by start()."""
         self._first_queued_at = 0.0
@@ -570,12 +579,14 @@ class Journal:
         f = self._file
         return (
             self._pending_sync == 0
+            and self._state is _RUNNING
             and self._failure is None
+            and self._quick_syncs >= QUICK_SYNCS_BEFORE_SYNC_HERE
             and f is not None
             and batch.previous is None
             and batch.staged <= SYNC_HERE_MAX_BYTES
             and batch.start + aligned_up(batch.filled) <= f.allocated
-            and self.stats.last_fdatasync_seconds <= SYNC_HERE_MAX_SECONDS
+            and not failpoints_active()
         )
 
     def _write_and_sync_here(self, batch: _Batch) -> None:
@@ -729,11 +740,13 @@ class Journal:
     def _fdatasync(self, files: dict[int, OpenFile]) -> None:
         if not self.fsync or not files:
             return
-        failpoint("journal.fdatasync")
         started = time.perf_counter()
+        failpoint("journal.fdatasync")
         for f in files.values():
             os.fdatasync(f.fd)
         elapsed = time.perf_counter() - started
+        # One thread at a time: the sync thread, or the loop when nothing else is in flight.
+        self._quick_syncs = self._quick_syncs + 1 if elapsed <= SYNC_HERE_MAX_SECONDS else 0
         self.stats.batches += 1
         self.stats.last_fdatasync_seconds = elapsed
         self.stats.recent_fdatasync_seconds.append(elapsed)
