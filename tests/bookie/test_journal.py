@@ -791,6 +791,62 @@ def test_an_io_error_fails_the_whole_batch_and_the_queue(
     assert causes == {errno.EIO}
 
 
+def test_a_resume_after_a_failed_fdatasync_waits_for_the_batch_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch A's fdatasync fails while the writer writes batch B: resume() must not open
+    the new file (whose header ends the failed one's records) before B is answered, failed,
+    or a sync of B after the resume could acknowledge records replay never reads."""
+    monkeypatch.setattr(journal_module, "SYNC_HERE_MAX_BYTES", 0)
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+    fail_next_sync = threading.Event()
+
+    def slow_pwrite(fd: int, data: Any, offset: int) -> int:
+        if b"slow-A" in bytes(data):
+            time.sleep(0.2)  # B is queued meanwhile: the writer takes it next
+        elif b"slow-B" in bytes(data):
+            time.sleep(0.6)  # A's failure reaches the loop while B is written
+        return real_pwrite(fd, data, offset)
+
+    def failing_fdatasync(fd: int) -> None:
+        if fail_next_sync.is_set():
+            fail_next_sync.clear()
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "pwrite", slow_pwrite)
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    b_answered_at_open: list[bool] = []
+
+    async def scenario() -> None:
+        journal = Journal(tmp_path, direct_io=False)
+        await journal.start()
+        await journal.append(b"one")
+        fail_next_sync.set()
+        a = journal.append_nowait(b"slow-A")
+        await asyncio.sleep(0.05)
+        b = journal.append_nowait(b"slow-B")
+        with pytest.raises(WriteFailed):
+            await a
+        real_open = journal._open
+
+        def open_after_b() -> tuple[int, bytes]:
+            b_answered_at_open.append(b.done())
+            return real_open()
+
+        monkeypatch.setattr(journal, "_open", open_after_b)
+        await journal.resume()
+        with pytest.raises(WriteFailed):
+            await b
+        assert await journal.append(b"after the resume")
+        await journal.close()
+
+    run(scenario())
+    assert b_answered_at_open == [True]
+    records = [record for _, record in replayed(tmp_path)]
+    assert records == [b"one", b"after the resume"]
+
+
 # -- resuming after a failure ------------------------------------------------------------
 
 

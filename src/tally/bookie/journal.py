@@ -201,8 +201,17 @@ class _WriteError(NamedTuple):
     error: WriteFailed
 
 
-_Outcome: TypeAlias = tuple[int, list[int]] | Exception
-"""A batch's answer: (file id, the end of each record), or the error that lost it."""
+@dataclass(frozen=True, slots=True)
+class _WriterStopped:
+    """The answer to a batch whose write failed: the writer stopped there, leaving
+    `_in_flight` set, which only this answer clears."""
+
+    error: WriteFailed
+
+
+_Outcome: TypeAlias = tuple[int, list[int]] | Exception | _WriterStopped
+"""A batch's answer: (file id, the end of each record), or the error that lost it (a failed
+fdatasync's, or the write's own, after which the writer stopped)."""
 
 
 class _State(enum.Enum):
@@ -719,7 +728,7 @@ class Journal:
                 continue
             if isinstance(item, _WriteError):
                 failure = self._sync_failure = self._sync_failure or item.error
-                answers.append((item.waiters, item.error))
+                answers.append((item.waiters, _WriterStopped(item.error)))
             elif failure is not None:
                 answers.append((item.waiters, failure))
             else:
@@ -758,8 +767,15 @@ class Journal:
             self._batch_done(waiters, outcome)
 
     def _batch_done(self, waiters: list[_Waiter], outcome: _Outcome) -> None:
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, _WriterStopped):
             self._in_flight = False
+            outcome = outcome.error
+        # A failed fdatasync leaves `_in_flight` to the writer, which may still be writing
+        # the next batch: it clears it once the failure has emptied the queue. Cleared here,
+        # a resume() could go on before that batch is answered, and a sync thread that took
+        # it after the resume would sync and acknowledge records beyond the end that the
+        # new file's header gives the failed one, which replay never reads.
+        if isinstance(outcome, Exception):
             if self._failure is None:
                 self._fail(outcome, waiters)
             else:
