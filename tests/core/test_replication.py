@@ -8,10 +8,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.core.availability import EntryAvailability
-from tally.core.errors import BadRequest
+from tally.core.errors import (
+    BadRequest,
+    BookieUnavailable,
+    EntryCorrupt,
+    EntryUnreadable,
+    LedgerInLimbo,
+    NoSuchEntry,
+    NoSuchLedger,
+    TallyError,
+    Timeout,
+)
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.replication import (
+    BatchReadFailure,
     EntrySources,
     PositionRepair,
     RepairKind,
@@ -20,6 +31,7 @@ from tally.core.replication import (
     Standing,
     TokenBucket,
     apply_replacements,
+    batch_read_failure,
     entry_ranges,
     grace_deadline,
     plan_replication,
@@ -495,6 +507,26 @@ def test_read_batches_take_every_entry_once_in_batches_of_one_source_and_one_set
         assert len({(s.sources[:1], s.targets) for s in batch}) == 1
     with pytest.raises(BadRequest):
         list(read_batches(iter(entries), 0))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (NoSuchEntry("entry 3"), BatchReadFailure.FIRST_ALONE),
+        (EntryCorrupt("rotten"), BatchReadFailure.FIRST_ALONE),
+        (EntryUnreadable("EIO"), BatchReadFailure.FIRST_ALONE),
+        (BookieUnavailable("closed"), BatchReadFailure.SOURCE_ALONE),
+        (NoSuchLedger("ledger 9"), BatchReadFailure.REST_ALONE),
+        (LedgerInLimbo("journal damage"), BatchReadFailure.REST_ALONE),
+        (Timeout("5 s"), BatchReadFailure.REST_ALONE),
+        (TimeoutError(), BatchReadFailure.REST_ALONE),
+        (TallyError("internal error"), BatchReadFailure.REST_ALONE),
+    ],
+)
+def test_a_failed_batch_read_sends_the_first_entry_or_the_rest_to_be_copied_alone(
+    error: BaseException, expected: BatchReadFailure
+) -> None:
+    assert batch_read_failure(error) is expected
 
 
 # -- the repair schedule ------------------------------------------------------------------

@@ -25,22 +25,22 @@ from tally.core.availability import EntryAvailability
 from tally.core.digest import LedgerKeys
 from tally.core.errors import (
     BadDigest,
-    BookieUnavailable,
     EntryUnreadable,
     MetadataVersionConflict,
-    NoSuchEntry,
     NoSuchLedger,
     TallyError,
 )
 from tally.core.ledger_metadata import LedgerMetadata, LedgerState
 from tally.core.protocol import MAX_ENTRIES_PER_READ
 from tally.core.replication import (
+    BatchReadFailure,
     EntrySources,
     RepairKind,
     Replacement,
     ReplicationPlan,
     SegmentRepair,
     apply_replacements,
+    batch_read_failure,
     entry_ranges,
     grace_deadline,
     plan_replication,
@@ -142,9 +142,9 @@ class LedgerRepair:
         self.copied_to: set[str] = set()
         """Bookies this turn copied entries onto: given the ledger's metadata copy at its end."""
         self.written_over: dict[str, set[int]] = defaultdict(set)
+        """Bad copies (the mark's) this turn has written a verified copy over, per bookie."""
         self._one_by_one = asyncio.Semaphore(ONE_BY_ONE_IN_FLIGHT)
         """Bounds the entries of this ledger copied alone at once."""
-        """Bad copies (the mark's) this turn has written a verified copy over, per bookie."""
 
     async def run(self) -> Turn:
         try:
@@ -377,12 +377,8 @@ class LedgerRepair:
         tally: _CopyTally,
     ) -> None:
         """Read the batch from its first source in as few requests as its size allows, and
-        copy what verifies. An entry the source holds no usable copy of (NoSuchEntry, a
-        corrupt or unreadable copy), first in a request, is copied alone (`_copy_entry`
-        tries its other sources and judges it); so is every entry left when the source
-        answers for the whole ledger or not at all (an error, a timeout, a closed
-        connection: a bookie too old for READ_ENTRIES closes it, so its entries are read
-        one by one for the rest of the worker's pass)."""
+        copy what verifies; after a failed read, `batch_read_failure` says which entries
+        are copied alone (`_copy_entry`, which tries their other sources and judges them)."""
         remaining = batch
         source = batch[0].sources[0] if batch[0].sources else ""
         while len(remaining) > 1 and source not in self.worker.reads_one_by_one:
@@ -392,8 +388,9 @@ class LedgerRepair:
                     metadata, source, asked, READ_BATCH_BYTES
                 )
             except (TallyError, TimeoutError) as error:
-                if not isinstance(error, NoSuchEntry | EntryUnreadable):
-                    if isinstance(error, BookieUnavailable):
+                failure = batch_read_failure(error)
+                if failure is not BatchReadFailure.FIRST_ALONE:
+                    if failure is BatchReadFailure.SOURCE_ALONE:
                         self.worker.reads_one_by_one.add(source)
                     log.info(
                         "ledger %s: entries %d.. not read from bookie %s in one request "

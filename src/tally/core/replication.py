@@ -46,7 +46,7 @@ import itertools
 from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from tally.core.availability import EntryAvailability
-from tally.core.errors import BadRequest
+from tally.core.errors import BadRequest, BookieUnavailable, EntryUnreadable, NoSuchEntry
 from tally.core.ids import LedgerId
 from tally.core.ledger_metadata import LedgerMetadata
 from tally.core.schedule import expected_entries, write_set
@@ -449,6 +449,32 @@ def read_batches(entries: Iterable[EntrySources], size: int) -> Iterator[list[En
             del filling[key]
             yield batch
     yield from filling.values()
+
+
+class BatchReadFailure(enum.Enum):
+    """What a repair does with the rest of a batch whose read from its source failed."""
+
+    FIRST_ALONE = "first alone"
+    """The source holds no usable copy of the first entry (NoSuchEntry, a corrupt or
+    unreadable copy): that entry is copied alone, from its other sources; the rest are
+    still read together."""
+    REST_ALONE = "rest alone"
+    """An answer about the whole ledger (NoSuchLedger, in limbo) or none (an error, a
+    timeout): every entry left is copied alone."""
+    SOURCE_ALONE = "source alone"
+    """The connection closed (a bookie too old to know READ_ENTRIES closes it, as does one
+    going down): as REST_ALONE, and the source's entries are read one by one for the rest
+    of the worker's pass."""
+
+
+def batch_read_failure(error: BaseException) -> BatchReadFailure:
+    """What to do after `error` ended a batched read (never a judgement of the entries:
+    an entry copied alone is judged by the answers of all its sources)."""
+    if isinstance(error, NoSuchEntry | EntryUnreadable):
+        return BatchReadFailure.FIRST_ALONE
+    if isinstance(error, BookieUnavailable):
+        return BatchReadFailure.SOURCE_ALONE
+    return BatchReadFailure.REST_ALONE
 
 
 def replacements_of(
