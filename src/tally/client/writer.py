@@ -274,12 +274,7 @@ class LedgerWriter:
         self._connections = [None] * len(self._ensemble)
 
     def _on_add(self, position: int, bookie: str, entry_id: int, error: Exception | None) -> None:
-        current = (  # `_bookie_of` in line: this runs for every copy's answer
-            self._ensemble[position]
-            if entry_id >= self._segment_start
-            else self._record.metadata.ensemble_at(entry_id)[position]
-        )
-        if current != bookie:
+        if self._bookie_of(entry_id, position) != bookie:
             return  # an answer from a bookie replaced since: it no longer counts
         if error is None:
             if self._pending.ack(entry_id, position):
