@@ -583,8 +583,8 @@ class Journal:
 
     def _may_sync_here(self, batch: _Batch) -> bool:
         """Whether the loop may write and sync `batch` itself: nothing else is being
-        written or synced, it is small, needs no new file or preallocation, and the disk's
-        last fdatasync was quick. Call under the queue lock."""
+        written or synced, it is small, needs no new file or preallocation, and the recent
+        fdatasyncs were quick. Call under the queue lock."""
         f = self._file
         return (
             self._pending_sync == 0
@@ -611,7 +611,7 @@ class Journal:
             self._pending_sync += 1
             if isinstance(written, _Written):
                 self._in_flight = False
-            # A failed batch leaves `_in_flight` set: `_fail` clears the queue.
+            # A failed write leaves `_in_flight` set: its answer (_WriterStopped) clears it.
         self._sync_items([written], answer=self._batches_done)
 
     def _take_batch(self) -> _Batch | None:
@@ -641,7 +641,7 @@ class Journal:
                     if not self._waits_for_company():
                         following = self._take_batch()
                     self._in_flight = following is not None
-                # A failed batch leaves `_in_flight` set: the loop's `_fail` clears the queue.
+                # A failed write leaves `_in_flight` set: its answer (_WriterStopped) clears it.
             self._hand_to_syncer(written, last=following is None)
             if following is None:
                 return
