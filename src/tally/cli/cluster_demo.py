@@ -342,6 +342,7 @@ async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
                 f"[bold red]SIGKILL bookie {victim}[/] (in ledger {writers[0].ledger_id}'s "
                 "ensemble) while the writers go on"
             )
+            killed_ms = int(time.time() * 1000)
             _kill_bookie(state, victim)
             await asyncio.gather(
                 *(_write(w, half, ENTRIES, progress, tasks, acked) for w in writers)
@@ -368,7 +369,7 @@ async def _exercise(console: Console, state: LocalState, root: Path) -> bool:
             except LedgerFenced as error:
                 console.print(f"  the old writer's next append: [yellow]LedgerFenced[/] ({error})")
                 fenced = True
-            repaired = await _watch_rereplication(console, second, writers, victim)
+            repaired = await _watch_rereplication(console, second, writers, victim, killed_ms)
             return fenced and repaired and await _verify(console, second, writers, acked)
 
 
@@ -439,10 +440,33 @@ def _show_ensembles(
 
 
 async def _watch_rereplication(
-    console: Console, client: Client, writers: list[LedgerWriter], victim: str
+    console: Console, client: Client, writers: list[LedgerWriter], victim: str, killed_ms: int
 ) -> bool:
     """Follow auto-recovery until no ledger names the lost bookie and none is marked; then
-    run a replicas check, which must find every entry on all its WQ bookies."""
+    run a replicas check, which must find every entry on all its WQ bookies. A repair can
+    take less than a look's interval, so the marks are also known by the last-marked
+    watch the replication workers wake on, not only by being listed."""
+    context = client.context
+    marked_since_kill = asyncio.Event()
+
+    def last_marked(marked_ms: int | None) -> None:
+        if marked_ms is not None and marked_ms >= killed_ms:
+            marked_since_kill.set()
+
+    watch = await context.under_replication.watch_marks(last_marked)
+    try:
+        return await _follow_rereplication(console, client, writers, victim, marked_since_kill)
+    finally:
+        watch.cancel()
+
+
+async def _follow_rereplication(
+    console: Console,
+    client: Client,
+    writers: list[LedgerWriter],
+    victim: str,
+    marked_since_kill: asyncio.Event,
+) -> bool:
     context = client.context
     ledgers = [writer.ledger_id for writer in writers]
     console.print(
@@ -473,6 +497,11 @@ async def _watch_rereplication(
                 )
             progress.update(task, completed=len(damaged) - len(left))
             if not left and not marks:
+                if not seen_marks and marked_since_kill.is_set():
+                    progress.console.print(
+                        f"  the auditor marked ledger(s) under-replicated (missing: {victim}), "
+                        "and the worker repaired them between two looks"
+                    )
                 break
             if time.monotonic() > deadline:
                 console.print(f"[bold red]not repaired within {REREPLICATION_TIMEOUT:.0f} s[/]")
