@@ -202,6 +202,50 @@ async def test_a_killed_worker_process_drops_its_lock(shared_backend: Backend) -
         assert await manager.acquire(L3) is not None
 
 
+@pytest.mark.parametrize("taker", ["acquire", "held_unmarked"])
+async def test_a_lock_whose_taker_is_cancelled_while_creating_it_is_given_back(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, taker: str
+) -> None:
+    """The create is already sent when its taker is cancelled, and lands after: the lock is
+    deleted once it has, not left to keep the ledger from every worker."""
+    async with backend.open() as store:
+        await init_cluster(store)
+        manager = UnderReplicationManager(store)
+        await manager.mark_under_replicated(L1, ["b1"])
+        sent, land = asyncio.Event(), asyncio.Event()
+        landings: list[asyncio.Future[object]] = []
+        create = store.create
+
+        async def in_flight(*args: object, **kwargs: object) -> object:
+            async def at_the_store() -> object:
+                await land.wait()
+                return await create(*args, **kwargs)  # type: ignore[arg-type]
+
+            landings.append(asyncio.ensure_future(at_the_store()))
+            sent.set()
+            return await asyncio.shield(landings[-1])
+
+        monkeypatch.setattr(store, "create", in_flight)
+
+        async def take() -> None:
+            if taker == "acquire":
+                await manager.acquire(L1)
+            else:
+                async with manager.held_unmarked(L1):
+                    pass
+
+        task = asyncio.create_task(take())
+        await sent.wait()
+        task.cancel()
+        land.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.gather(*landings)
+        monkeypatch.undo()
+        assert await store.exists(lock_path(L1)) is None
+        assert await manager.acquire(L1) is not None
+
+
 async def test_an_unreadable_mark_is_refused_by_acquire_and_replaced_by_a_re_mark(
     backend: Backend,
 ) -> None:

@@ -18,6 +18,7 @@ that no copy is left of some entries of, so that it is reported instead of retri
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import logging
@@ -344,12 +345,9 @@ class UnderReplicationManager:
     async def acquire(self, ledger_id: LedgerId) -> ReplicationLock | None:
         """Lock the ledger for replication; None if another worker holds it or it is no
         longer marked. MalformedData (lock released) if its mark does not decode."""
-        path = lock_path(ledger_id)
-        try:
-            await self.store.create(path, ephemeral=True)
-        except KeyExists:
+        lock_session = await self._lock(ledger_id)
+        if lock_session is None:
             return None
-        lock_session = self.store.session_id
         try:
             mark = await self.under_replicated(ledger_id)
         except BaseException:
@@ -399,13 +397,10 @@ class UnderReplicationManager:
         trims extra copies under it, BookKeeper's rule, so that no repair copies meanwhile).
         Yields False, holding nothing, when a worker holds the lock or the ledger is marked:
         its extra copies may be what a repair reads."""
-        path = lock_path(ledger_id)
-        try:
-            await self.store.create(path, ephemeral=True)
-        except KeyExists:
+        session = await self._lock(ledger_id)
+        if session is None:
             yield False
             return
-        session = self.store.session_id
         try:
             yield await self.under_replicated(ledger_id) is None
         finally:
@@ -417,6 +412,25 @@ class UnderReplicationManager:
                 f"the lock on ledger {lock.ledger_id} was taken on session "
                 f"{lock.session_id:#x}, not on this manager's {self.store.session_id:#x}"
             )
+
+    async def _lock(self, ledger_id: LedgerId) -> int | None:
+        """Create the ledger's lock; the session that holds it, or None if another does.
+
+        A create already sent still lands when its caller is cancelled (the pass that took
+        several ledgers at once cancels the rest when one fails): the cancelled caller waits
+        for it and gives back a lock it made, which would otherwise keep the ledger from
+        every worker for as long as this session lives."""
+        creating = asyncio.ensure_future(self.store.create(lock_path(ledger_id), ephemeral=True))
+        try:
+            await asyncio.shield(creating)
+        except KeyExists:
+            return None
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await creating
+                await self._unlock(ledger_id, self.store.session_id)
+            raise
+        return self.store.session_id
 
     async def _unlock(self, ledger_id: LedgerId, session_id: int) -> None:
         """Delete the ledger's lock if `session_id` holds it (never another worker's)."""
