@@ -25,6 +25,9 @@ AQ=2, the same size and in-flight count; the writer is a `tally.Client` in this 
 client library is tally's replication: its CPU counts as tally's, like the members' as
 etcd's). Then the p50 / p99 latency of both paced at about 1,000 writes/s: h2load's timing
 script drifts late, so the run prints the rate it achieved and paces tally at that rate.
+Last, with both clusters stopped, raw_replicated.py's bare Python replicated writes at the
+same size and in-flight count: the floor of tally's design in Python on this machine, so
+the run shows how far tally is from what Python allows, not only from etcd.
 
     python bench/bench_etcd_peer.py [--dir D] [--seconds S] [--size B] [--concurrency N]
 
@@ -59,6 +62,7 @@ from tests.support.processes import free_port, stop_process  # noqa: E402
 
 from bench_client import PASSWORD, Load, bookie_cluster, cpu_seconds, paced, windowed  # noqa: E402
 from bench_journal import quantile, raw_fdatasync  # noqa: E402
+from raw_replicated import replicated_floor  # noqa: E402
 from tally.client.client import Client  # noqa: E402
 
 KIB = 1 << 10
@@ -466,6 +470,15 @@ def print_table(f: dict[str, float], turns: int, size: int, concurrency: int) ->
             f"{tally / sync_rate:.2f}",
             "",
         )
+    floor = f["floor_writes_per_s"]
+    floor_cpu = f["floor_client_cpu_us_per_write"] + f["floor_bookies_cpu_us_per_write"]
+    row(
+        "reference, after the turns: bare Python replicated writes (raw_replicated.py: E3 WQ3 "
+        "AQ2, a client and 3 bookies with no protocol); CPU per write",
+        f"floor / etcd (last turn): {floor / f[f'turn{turns}_etcd_puts_per_s']:.2f}",
+        f"{floor:,.0f}/s; {floor_cpu:.0f} µs (client {f['floor_client_cpu_us_per_write']:.0f} µs)",
+        f"tally / floor (last turn): {f[f'turn{turns}_tally_adds_per_s'] / floor:.2f}",
+    )
     row(
         f"paced at about {PACED_RATE:,}/s ({f['etcd_paced_puts_per_s']:,.0f}/s achieved by "
         "h2load, tally paced at that rate): p50 / p99",
@@ -545,10 +558,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             turns, etcd_paced, tally_paced, python = asyncio.run(
                 measure(scratch, members, metadata, bookies, args)
             )
+        floor = replicated_floor(scratch, args.size, args.concurrency, args.seconds)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     figures = summarize(sync, turns, etcd_paced, tally_paced, python)
+    figures |= {f"floor_{name}": value for name, value in floor.items()}
     print_table(figures, args.turns, args.size, args.concurrency)
     return figures
 

@@ -13,8 +13,11 @@ survivors, writes go to the newcomer; all bookies share the scratch directory's 
 
 The reference is bench_bookie.py's: appending 64 KiB blocks to a new file with fdatasync
 every 1 MiB, on the same disk (bench_journal.raw_append); beside it, 64 KiB frames echoed
-over loopback (raw_socket.py), since each copied byte crosses it twice. The CPU seconds of
-the worker and each bookie during the repair are printed too.
+over loopback (raw_socket.py), since each copied byte crosses it twice, and raw_copy.py's:
+the disk copying files to itself (the survivors' reads and the newcomer's writes share it)
+and a bare Python copy of the same entries over loopback, with no protocol, directly and
+through a relay process. The CPU seconds of the worker and each bookie during the repair
+are printed too.
 
 Second figure (issue 21): on a new cluster whose lost bookie held min(N, 256) MiB, a writer
 in a process of its own (100 B adds, 100 in flight, E3 WQ2 AQ2) measures its adds/s for
@@ -47,6 +50,7 @@ from pathlib import Path
 
 from bench_bookie import BookieServer, init_metadata, row
 from bench_journal import raw_append
+from raw_copy import copy_references
 from raw_socket import loopback_mb_per_s
 from tally.autorecovery.config import AutoRecoveryConfig
 from tally.autorecovery.replication_worker import ReplicationWorker
@@ -222,6 +226,8 @@ def measure(
     )
     figures["raw_append_64k_mb_per_s"] = raw_append(scratch, min(REFERENCE_BYTES, victim_mib * MIB))
     figures["loopback_mb_per_s"] = loopback_mb_per_s()
+    if alone:
+        figures.update(copy_references(scratch, min(REFERENCE_BYTES // MIB, victim_mib)))
     return figures
 
 
@@ -352,6 +358,30 @@ def print_table(figures: dict[str, float], mib: int) -> None:
             "",
             "",
         )
+        for reference, value in (
+            (
+                "the disk copying to itself, 64 KiB O_DIRECT reads from 2 files, appends "
+                "fdatasync'ed every MiB",
+                figures["disk_copy_64k_mb_per_s"],
+            ),
+            ("the same, 1 MiB reads", figures["disk_copy_1m_mb_per_s"]),
+            (
+                "a bare Python copy (no protocol): 2 sources -> target",
+                figures["python_copy_direct_mb_per_s"],
+            ),
+            (
+                "a bare Python copy (no protocol): 2 sources -> relay -> target",
+                figures["python_copy_relay_mb_per_s"],
+            ),
+        ):
+            row(
+                "the same",
+                f"{rate:,.1f} MB/s",
+                f"{reference}: {value:,.0f} MB/s",
+                f"{rate / value:.2f}",
+                "",
+                "",
+            )
         print(
             "CPU seconds during the repair: "
             + ", ".join(f"{name} {figures[f'cpu_seconds_{name}']:.2f}" for name in CPU_NAMES)

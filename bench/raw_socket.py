@@ -101,17 +101,24 @@ def _add_reply(view: memoryview, pos: int) -> bytes:
 _REPLIES: dict[str, Callable[[memoryview, int], bytes]] = {"echo": _echo_reply, "add": _add_reply}
 
 
-class _Server(asyncio.Protocol):
-    """Answers every frame, one write per chunk received."""
+class FramedProtocol(asyncio.Protocol):
+    """A connection's transport once made, and the frames of what it receives."""
 
-    def __init__(self, reply: Callable[[memoryview, int], bytes]) -> None:
-        self._reply = reply
+    def __init__(self) -> None:
         self._frames = _Frames()
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+
+
+class _Server(FramedProtocol):
+    """Answers every frame, one write per chunk received."""
+
+    def __init__(self, reply: Callable[[memoryview, int], bytes]) -> None:
+        super().__init__()
+        self._reply = reply
 
     def data_received(self, data: bytes) -> None:
         reply = self._reply
@@ -151,19 +158,17 @@ def server_process(mode: str) -> Iterator[str]:
 # -- the raw client ---------------------------------------------------------------------------
 
 
-class _RawClient(asyncio.Protocol):
+class _RawClient(FramedProtocol):
     """Keeps `window` requests in flight: one new request per reply, one write per chunk."""
 
     def __init__(self, frame: bytes, window: int) -> None:
+        super().__init__()
         self._frame = frame
         self._window = window
-        self._frames = _Frames()
-        self._transport: asyncio.Transport | None = None
         self.replies = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        super().connection_made(transport)
         transport.write(self._frame * self._window)
 
     def data_received(self, data: bytes) -> None:

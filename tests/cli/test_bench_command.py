@@ -35,6 +35,13 @@ def test_runs_a_benchmark_and_shows_its_reference() -> None:
     assert "ratio" in result.stdout
 
 
+def test_runs_a_reference_script_whose_name_has_no_bench_prefix() -> None:
+    """raw_replicated.py is listed as `raw_replicated` and runs under that name."""
+    result = _tally("raw_replicated")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bare Python replicated writes (E3 WQ3 AQ2, no protocol)" in result.stdout
+
+
 def test_unknown_benchmark_is_a_usage_error() -> None:
     result = _tally("nonesuch")
     assert result.returncode == 2

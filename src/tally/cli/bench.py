@@ -30,6 +30,8 @@ DESCRIPTIONS = {
     "gc": "garbage collection: compaction MB/s, space back after deletes, adds meanwhile",
     "client": "three bookies and a client: adds/s, MB/s, latency, open-with-recovery",
     "raw_socket": "the machine's raw framed request/reply rate and loopback MB/s",
+    "raw_copy": "the disk copying to itself, and a bare Python copy of 64 KiB entries",
+    "raw_replicated": "bare Python replicated writes (E3 WQ3 AQ2): the floor of the design",
     "replicas_check": "the online replicas check: ledgers/s over 10,000 closed ledgers",
     "rereplication": "re-replication MB/s after losing a bookie (--mib 1024 for 1 GiB)",
     "audit": "the Spark audit pipeline on synthetic snapshots: ledgers/s, cost per ledger",
@@ -47,7 +49,8 @@ def run(
 ) -> None:
     """Run benchmarks of bench/, each printing its figures beside the physical limits."""
     console = Console()
-    available = sorted(p.stem.removeprefix("bench_") for p in BENCH_DIR.glob("*.py"))
+    scripts = {path.stem.removeprefix("bench_"): path for path in BENCH_DIR.glob("*.py")}
+    available = sorted(scripts)
     if list_only or not BENCH_DIR.is_dir():
         table = Table("benchmark", "measures", title=f"benchmarks in {BENCH_DIR}")
         for name in available:
@@ -65,7 +68,7 @@ def run(
     results = Table("benchmark", "exit", "seconds", title="tally bench")
     failed = False
     for name in chosen:
-        script = BENCH_DIR / (f"bench_{name}.py" if name != "raw_socket" else "raw_socket.py")
+        script = scripts[name]
         console.rule(f"[bold]{name}[/]: {DESCRIPTIONS.get(name, '')}")
         started = time.monotonic()
         code = subprocess.run([sys.executable, str(script)], check=False).returncode

@@ -1,0 +1,264 @@
+"""The least a replicated write can cost on this machine in Python: a bare client writes each
+record to three bare bookies and counts it acknowledged once two of them have fdatasynced
+it (E=3 WQ=3 AQ=2), with nothing else in the way: no ledger, no metadata, no index, no
+admission, no metrics. It is the reference bench_etcd_peer prints beside tally's rate, since
+tally's figure can only approach this one.
+
+A bare bookie is an asyncio server: it takes the frames of each receive, checks each
+record's CRC32C, and hands the receive's records to a journal thread, which writes whatever
+has gathered in one write and one fdatasync and then has the loop answer them, one write per
+connection. The bare client keeps a future per record (as an API that answers each write
+must), builds each frame once, writes it to the three connections once per loop turn, and
+counts the answers. The load keeps `window` records in flight, one new one for each
+acknowledged, like bench_client's windowed load. It prints writes/s and the CPU per write of
+the client and the three bookies.
+
+    python bench/raw_replicated.py [--seconds S] [--size B] [--window N] [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import crc32c
+
+from bench_client import cpu_seconds
+from raw_socket import FramedProtocol
+
+BOOKIES = 3
+ACK_QUORUM = 2
+_HEAD = struct.Struct(">IQQI")  # length, request id, entry id, crc32c of the payload
+_REPLY = struct.Struct(">IQ")  # length, request id
+
+
+class _Journal:
+    """Group commit on a thread: every batch handed over meanwhile is written and fdatasynced
+    together, then answered on the loop."""
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._loop = loop
+        self._pending: list[tuple[list[bytes], list[bytes], asyncio.Transport]] = []
+        self._wake = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def append(
+        self, records: list[bytes], replies: list[bytes], transport: asyncio.Transport
+    ) -> None:
+        with self._wake:
+            self._pending.append((records, replies, transport))
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+                batches, self._pending = self._pending, []
+            os.write(self._fd, b"".join(b"".join(records) for records, _, _ in batches))
+            os.fdatasync(self._fd)
+            self._loop.call_soon_threadsafe(_answer, batches)
+
+
+def _answer(batches: list[tuple[list[bytes], list[bytes], asyncio.Transport]]) -> None:
+    for _, replies, transport in batches:
+        transport.write(b"".join(replies))
+
+
+class _Bookie(FramedProtocol):
+    def __init__(self, journal: _Journal) -> None:
+        super().__init__()
+        self._journal = journal
+
+    def data_received(self, data: bytes) -> None:
+        records: list[bytes] = []
+        replies: list[bytes] = []
+        for view, pos in self._frames.feed(data):
+            length, request_id, _, crc = _HEAD.unpack_from(view, pos)
+            record = bytes(view[pos : pos + 4 + length])
+            if crc32c.crc32c(memoryview(record)[_HEAD.size :]) != crc:
+                raise ValueError(f"request {request_id}: bad CRC32C")
+            records.append(record)
+            replies.append(_REPLY.pack(_REPLY.size - 4, request_id))
+        if records and self._transport is not None:
+            self._journal.append(records, replies, self._transport)
+
+
+def _serve(directory: str, report: Connection) -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        journal = _Journal(Path(directory) / f"journal-{os.getpid()}", loop)
+        server = await loop.create_server(lambda: _Bookie(journal), "127.0.0.1", 0)
+        report.send((os.getpid(), server.sockets[0].getsockname()[1]))
+        await server.serve_forever()
+
+    asyncio.run(run())
+
+
+class _Connection(FramedProtocol):
+    """One bookie's connection: frames out once per loop turn, answers counted."""
+
+    def __init__(self, client: _Client) -> None:
+        super().__init__()
+        self._client = client
+        self.outbox: list[bytes] = []
+
+    def flush(self) -> None:
+        if self.outbox and self._transport is not None:
+            self._transport.write(b"".join(self.outbox))
+            self.outbox.clear()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        answered = self._client.answered
+        for view, pos in self._frames.feed(data):
+            answered(_REPLY.unpack_from(view, pos)[1])
+
+
+class _Pending:
+    __slots__ = ("answers", "future")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.answers = 0
+        self.future = future
+
+
+class _Client:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.connections: list[_Connection] = []
+        self._pending: dict[int, _Pending] = {}
+        self._next = 0
+        self._flush_scheduled = False
+
+    def append_nowait(self, payload: bytes) -> asyncio.Future[None]:
+        request_id = self._next
+        self._next += 1
+        frame = (
+            _HEAD.pack(
+                _HEAD.size - 4 + len(payload), request_id, request_id, crc32c.crc32c(payload)
+            )
+            + payload
+        )
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._pending[request_id] = _Pending(future)
+        for connection in self.connections:
+            connection.outbox.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for connection in self.connections:
+            connection.flush()
+
+    def answered(self, request_id: int) -> None:
+        pending = self._pending[request_id]
+        pending.answers += 1
+        if pending.answers == ACK_QUORUM:
+            pending.future.set_result(None)
+        elif pending.answers == BOOKIES:
+            del self._pending[request_id]
+
+
+async def _load(
+    ports: Sequence[int], pids: Sequence[int], size: int, window: int, seconds: float
+) -> dict[str, float]:
+    loop = asyncio.get_running_loop()
+    client = _Client(loop)
+    for port in ports:
+        _, connection = await loop.create_connection(lambda: _Connection(client), "127.0.0.1", port)
+        client.connections.append(connection)
+    payload = os.urandom(size)
+    append = client.append_nowait
+    in_flight = deque(append(payload) for _ in range(window))
+    warm_up = time.perf_counter() + seconds / 10
+    while time.perf_counter() < warm_up:
+        await in_flight.popleft()
+        in_flight.append(append(payload))
+    done, started = 0, time.perf_counter()
+    cpu, bookie_cpu = time.process_time(), cpu_seconds(pids)
+    while True:
+        await in_flight.popleft()
+        in_flight.append(append(payload))
+        done += 1
+        if not done % 100 and time.perf_counter() >= started + seconds:
+            break
+    elapsed = time.perf_counter() - started
+    cpu, bookie_cpu = time.process_time() - cpu, cpu_seconds(pids) - bookie_cpu
+    for future in in_flight:
+        await future
+    for connection in client.connections:
+        connection.close()
+    return {
+        "writes_per_s": done / elapsed,
+        "client_cpu_us_per_write": cpu / done * 1e6,
+        "bookies_cpu_us_per_write": bookie_cpu / done * 1e6,
+    }
+
+
+def replicated_floor(
+    directory: Path, size: int = 1024, window: int = 1_000, seconds: float = 4.0
+) -> dict[str, float]:
+    """Writes/s and CPU per write of the bare client and bookies (see the module's doc)."""
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    ports, pids = [], []
+    try:
+        for _ in range(BOOKIES):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_serve, args=(str(directory), sender), daemon=True)
+            process.start()
+            processes.append(process)
+            if not receiver.poll(30):
+                raise RuntimeError("a bare bookie did not start")
+            pid, port = receiver.recv()
+            pids.append(pid)
+            ports.append(port)
+        return asyncio.run(_load(ports, pids, size, window, seconds))
+    finally:
+        for process in processes:
+            process.terminate()
+            process.join()
+
+
+def print_floor(figures: dict[str, float]) -> None:
+    print(
+        f"bare Python replicated writes (E3 WQ3 AQ2, no protocol): "
+        f"{figures['writes_per_s']:,.0f}/s (CPU per write: client "
+        f"{figures['client_cpu_us_per_write']:.0f} us, 3 bookies "
+        f"{figures['bookies_cpu_us_per_write']:.0f} us)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--window", type=int, default=1_000)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+        figures = replicated_floor(Path(scratch), args.size, args.window, args.seconds)
+    print_floor(figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
