@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from tally.metadata.paths import (
     UNDERREPLICATED_LEDGERS,
     lock_path,
 )
+from tally.metadata.store import MetadataStore
 from tally.metadata.underreplication import (
     AuditorCheck,
     LostEntries,
@@ -202,48 +204,85 @@ async def test_a_killed_worker_process_drops_its_lock(shared_backend: Backend) -
         assert await manager.acquire(L3) is not None
 
 
+class _CreateInFlight:
+    """A store's create already sent when its caller is cancelled: it lands at the store
+    once `land` is set, whatever happened to the caller."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.sent, self.land = asyncio.Event(), asyncio.Event()
+        self.landings: list[asyncio.Future[object]] = []
+        self._create = store.create
+
+    async def create(self, *args: Any, **kwargs: Any) -> object:
+        async def at_the_store() -> object:
+            await self.land.wait()
+            return await self._create(*args, **kwargs)
+
+        self.landings.append(asyncio.ensure_future(at_the_store()))
+        self.sent.set()
+        return await asyncio.shield(self.landings[-1])
+
+
+async def _take(manager: UnderReplicationManager, taker: str) -> None:
+    if taker == "acquire":
+        await manager.acquire(L1)
+    else:
+        async with manager.held_unmarked(L1):
+            pass
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
 @pytest.mark.parametrize("taker", ["acquire", "held_unmarked"])
 async def test_a_lock_whose_taker_is_cancelled_while_creating_it_is_given_back(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch, taker: str
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, taker: str, cancels: int
 ) -> None:
-    """The create is already sent when its taker is cancelled, and lands after: the lock is
-    deleted once it has, not left to keep the ledger from every worker."""
+    """The create is already sent when its taker is cancelled (once, or again while it
+    gives the lock back, as a pass cancelled twice cancels its turns), and lands after: the
+    lock is deleted once it has, not left to keep the ledger from every worker."""
     async with backend.open() as store:
         await init_cluster(store)
         manager = UnderReplicationManager(store)
         await manager.mark_under_replicated(L1, ["b1"])
-        sent, land = asyncio.Event(), asyncio.Event()
-        landings: list[asyncio.Future[object]] = []
-        create = store.create
-
-        async def in_flight(*args: object, **kwargs: object) -> object:
-            async def at_the_store() -> object:
-                await land.wait()
-                return await create(*args, **kwargs)  # type: ignore[arg-type]
-
-            landings.append(asyncio.ensure_future(at_the_store()))
-            sent.set()
-            return await asyncio.shield(landings[-1])
-
-        monkeypatch.setattr(store, "create", in_flight)
-
-        async def take() -> None:
-            if taker == "acquire":
-                await manager.acquire(L1)
-            else:
-                async with manager.held_unmarked(L1):
-                    pass
-
-        task = asyncio.create_task(take())
-        await sent.wait()
+        in_flight = _CreateInFlight(store)
+        monkeypatch.setattr(store, "create", in_flight.create)
+        task = asyncio.create_task(_take(manager, taker))
+        await in_flight.sent.wait()
         task.cancel()
-        land.set()
+        await asyncio.sleep(0)  # the taker is giving the lock back, waiting for the create
+        if cancels == 2:
+            task.cancel()
+            await asyncio.sleep(0)
+        in_flight.land.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.gather(*landings)
+        await asyncio.gather(*in_flight.landings)
         monkeypatch.undo()
         assert await store.exists(lock_path(L1)) is None
         assert await manager.acquire(L1) is not None
+
+
+async def test_a_cancelled_taker_leaves_another_worker_s_lock_alone(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with backend.open() as a, backend.open() as b:
+        await init_cluster(a)
+        holder, taker = UnderReplicationManager(a), UnderReplicationManager(b)
+        await holder.mark_under_replicated(L1, ["b1"])
+        held = await holder.acquire(L1)
+        assert held is not None
+        in_flight = _CreateInFlight(b)
+        monkeypatch.setattr(b, "create", in_flight.create)
+        task = asyncio.create_task(taker.acquire(L1))
+        await in_flight.sent.wait()
+        task.cancel()
+        in_flight.land.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.gather(*in_flight.landings, return_exceptions=True)
+        stat = await a.exists(lock_path(L1))
+        assert stat is not None
+        assert stat.ephemeral_owner == a.session_id
+        await holder.release(held)
 
 
 async def test_an_unreadable_mark_is_refused_by_acquire_and_replaced_by_a_re_mark(

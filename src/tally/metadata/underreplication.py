@@ -419,18 +419,34 @@ class UnderReplicationManager:
         A create already sent still lands when its caller is cancelled (the pass that took
         several ledgers at once cancels the rest when one fails): the cancelled caller waits
         for it and gives back a lock it made, which would otherwise keep the ledger from
-        every worker for as long as this session lives."""
+        every worker for as long as this session lives. It waits through further cancels
+        too, so a cancellation ends only once the store has answered (within its timeouts)."""
         creating = asyncio.ensure_future(self.store.create(lock_path(ledger_id), ephemeral=True))
         try:
             await asyncio.shield(creating)
         except KeyExists:
             return None
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await creating
-                await self._unlock(ledger_id, self.store.session_id)
+            giving_back = asyncio.ensure_future(self._give_back(ledger_id, creating))
+            while not giving_back.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(giving_back)
             raise
         return self.store.session_id
+
+    async def _give_back(self, ledger_id: LedgerId, creating: asyncio.Future[str]) -> None:
+        """Delete the lock `creating` made, once it has answered, if this session holds it."""
+        with contextlib.suppress(Exception):
+            await creating  # KeyExists: another's; a timeout: made or not (_unlock looks)
+        try:
+            await self._unlock(ledger_id, self.store.session_id)
+        except TallyError as error:
+            log.warning(
+                "ledger %s: a cancelled taker could not give its replication lock back (%s); "
+                "the lock goes with this session",
+                ledger_id,
+                error,
+            )
 
     async def _unlock(self, ledger_id: LedgerId, session_id: int) -> None:
         """Delete the ledger's lock if `session_id` holds it (never another worker's)."""
