@@ -1,6 +1,7 @@
 """The least a re-replication can cost on this machine in Python: 64 KiB entries read from a
 file with O_DIRECT by a source process, sent over loopback, checked (CRC32C) and written with
-O_DIRECT and an fdatasync per MiB by a target process, with nothing else in the way: no
+O_DIRECT by a target process, one fdatasync per group of batches written together (a
+journal's group commit), with nothing else in the way: no
 protocol, no index, no metadata, no event loop. It is the reference bench_rereplication
 prints beside a repair, since a repair's figure can only approach this one, not the raw disk.
 
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import crc32c
 
@@ -42,6 +44,7 @@ BATCH = 16
 IN_FLIGHT = 2
 SOURCES = 2
 """The survivors a repair reads from."""
+ANSWER_SECONDS = 120
 _REQUEST = struct.Struct(">QI")  # first entry, entries
 _RECORD = struct.Struct(">II")  # length, crc32c
 
@@ -57,6 +60,7 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
 def _source(path: str, report: Connection) -> None:
     """Serve batches of entries read with O_DIRECT, each after its length and CRC32C (as a
     bookie stores an entry's digest beside it), until the asker closes."""
+    started = _cpu()
     listener = socket.create_server(("127.0.0.1", 0))
     report.send(listener.getsockname()[1])
     conn, _ = listener.accept()
@@ -81,10 +85,12 @@ def _source(path: str, report: Connection) -> None:
             conn.sendall(b"".join(parts))
     finally:
         os.close(fd)
-        report.send(_cpu())
+        report.send(_cpu() - started)
 
 
 def _cpu() -> float:
+    """This process's CPU seconds so far; a spawned child's include its start (imports), so
+    each reports the difference from when its work began."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -103,31 +109,46 @@ def _read_batches(
     window: _Window,
 ) -> None:
     """Ask for the entries `indexes` (of this source's file), a batch at a time with at most
-    IN_FLIGHT batches not yet durable; check each batch's entries and put it on `checked`."""
+    IN_FLIGHT batches not yet durable; check each batch's entries and put it on `checked`
+    (None if this fails, so that the consumer fails too rather than wait)."""
     asked: list[int] = []
     cursor = 0
-    while cursor < len(indexes) or asked:
-        while cursor < len(indexes) and window.free.acquire(blocking=not asked):
-            count = min(BATCH, len(indexes) - cursor)
-            sock.sendall(_REQUEST.pack(cursor, count))
-            asked.append(count)
-            cursor += count
-        count = asked.pop(0)
-        batch = bytearray(count * (_RECORD.size + ENTRY))
-        view = memoryview(batch)
-        _recv_exactly(sock, view)
-        for index in range(count):
-            at = index * (_RECORD.size + ENTRY)
-            length, crc = _RECORD.unpack_from(view, at)
-            if crc32c.crc32c(view[at + _RECORD.size : at + _RECORD.size + length]) != crc:
-                raise ValueError(f"entry {index} of a batch fails its CRC32C")
-        checked.put((batch, window))
+    try:
+        while cursor < len(indexes) or asked:
+            while cursor < len(indexes) and window.free.acquire(blocking=not asked):
+                count = min(BATCH, len(indexes) - cursor)
+                sock.sendall(_REQUEST.pack(cursor, count))
+                asked.append(count)
+                cursor += count
+            count = asked.pop(0)
+            batch = bytearray(count * (_RECORD.size + ENTRY))
+            view = memoryview(batch)
+            _recv_exactly(sock, view)
+            for index in range(count):
+                at = index * (_RECORD.size + ENTRY)
+                length, crc = _RECORD.unpack_from(view, at)
+                if crc32c.crc32c(view[at + _RECORD.size : at + _RECORD.size + length]) != crc:
+                    raise ValueError(f"entry {index} of a batch fails its CRC32C")
+            checked.put((batch, window))
+    except BaseException:
+        checked.put(None)
+        raise
+
+
+def _checked_batch(
+    checked: queue.Queue[tuple[bytearray, _Window] | None],
+) -> tuple[bytearray, _Window]:
+    item = checked.get()
+    if item is None:
+        raise RuntimeError("a reader failed: its batches will not come")
+    return item
 
 
 def _relay(source_ports: list[int], share: int, report: Connection) -> None:
     """For each source, read its entries, check them and send them on to whoever connects
     to the listener of that source, a batch for each batch asked (the replication worker's
     copy: it reads ahead of the target by its own window)."""
+    started = _cpu()
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in source_ports]
     report.send([listener.getsockname()[1] for listener in listeners])
 
@@ -145,9 +166,7 @@ def _relay(source_ports: list[int], share: int, report: Connection) -> None:
         request = bytearray(_REQUEST.size)
         for _ in range(-(-share // BATCH)):
             _recv_exactly(target, memoryview(request))
-            item = checked.get()
-            assert item is not None
-            target.sendall(item[0])
+            target.sendall(_checked_batch(checked)[0])
             window.free.release()
         reader.join()
         source.close()
@@ -160,13 +179,14 @@ def _relay(source_ports: list[int], share: int, report: Connection) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    report.send(_cpu())
+    report.send(_cpu() - started)
 
 
 def _target(ports: list[int], entries: int, path: str, report: Connection) -> None:
     """Read every entry from the sources (each holds an equal share), check it, and write it
     with O_DIRECT, each group of batches waiting then followed by one fdatasync, on a
     writer thread (a journal's group commit); report the seconds it took."""
+    started_cpu = _cpu()
     socks = [socket.create_connection(("127.0.0.1", port)) for port in ports]
     for sock in socks:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -180,9 +200,9 @@ def _target(ports: list[int], entries: int, path: str, report: Connection) -> No
         offset = 0
         done = 0
         while done < len(ports) * -(-share // BATCH):
-            batches = [checked.get()]
+            batches = [_checked_batch(checked)]
             while not checked.empty():
-                batches.append(checked.get_nowait())
+                batches.append(_checked_batch(checked))
             size = 0
             for batch, _ in batches:
                 aligned[size : size + len(batch)] = batch
@@ -210,7 +230,7 @@ def _target(ports: list[int], entries: int, path: str, report: Connection) -> No
     os.close(fd)
     for sock in socks:
         sock.close()
-    report.send((elapsed, _cpu()))
+    report.send((elapsed, _cpu() - started_cpu))
 
 
 def _source_file(directory: Path, index: int, entries: int) -> Path:
@@ -247,13 +267,13 @@ def copy_mb_per_s(directory: Path, mib: int, *, relay: bool) -> dict[str, float]
         return receiver
 
     try:
-        ports = [start(_source, str(path)).recv() for path in paths]
+        ports = [_answer(start(_source, str(path))) for path in paths]
         if relay:
-            ports = start(_relay, ports, share).recv()
-        elapsed, target_cpu = start(_target, ports, entries, str(target_path)).recv()
+            ports = _answer(start(_relay, ports, share))
+        elapsed, target_cpu = _answer(start(_target, ports, entries, str(target_path)))
         for process in processes:
             process.join(60)
-        cpu = [answer.recv() for answer in answers[:-1]] + [target_cpu]
+        cpu = [_answer(answer) for answer in answers[:-1]] + [target_cpu]
         figures = {"mb_per_s": entries * ENTRY / elapsed / 1e6}
         names = [f"source_{index + 1}" for index in range(SOURCES)]
         names += ["relay"] * relay + ["target"]
@@ -267,10 +287,19 @@ def copy_mb_per_s(directory: Path, mib: int, *, relay: bool) -> dict[str, float]
             path.unlink(missing_ok=True)
 
 
+def _answer(receiver: Connection) -> Any:
+    """What a copy's process reports; RuntimeError if it says nothing in ANSWER_SECONDS
+    (one of its threads failed, say), so that a broken run ends rather than hangs."""
+    if not receiver.poll(ANSWER_SECONDS):
+        raise RuntimeError(f"a copy's process said nothing for {ANSWER_SECONDS} s")
+    return receiver.recv()
+
+
 def disk_copy_mb_per_s(directory: Path, mib: int, read_size: int) -> float:
     """MB/s of the disk copying to itself, with no network or check between: SOURCES threads
-    read their files with O_DIRECT, `read_size` at a time, while a writer thread appends
-    what they read with O_DIRECT and an fdatasync per MiB. A repair whose survivors and
+    read their files with O_DIRECT, `read_size` at a time, while a writer thread appends as
+    many bytes as they read (random ones: nothing is copied between the threads) with
+    O_DIRECT and an fdatasync per MiB. A repair whose survivors and
     newcomer share the disk reads and writes each byte on it, so this, not the rate of
     appends alone, is what it may reach."""
     share = mib * MIB // SOURCES
@@ -284,17 +313,24 @@ def disk_copy_mb_per_s(directory: Path, mib: int, read_size: int) -> float:
         try:
             for offset in range(0, share, read_size):
                 read.put(os.preadv(fd, [buffer], offset))
+        except BaseException:
+            read.put(-1)  # the writer fails rather than wait for bytes that will not come
+            raise
         finally:
             os.close(fd)
 
     def writer() -> None:
         block = mmap.mmap(-1, MIB)
+        block.write(os.urandom(MIB))
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
         try:
             for offset in range(0, share * SOURCES, MIB):
                 held = 0
                 while held < MIB:
-                    held += read.get()
+                    got = read.get()
+                    if got < 0:
+                        raise RuntimeError("a reader failed")
+                    held += got
                 os.pwrite(fd, block, offset)
                 os.fdatasync(fd)
         finally:

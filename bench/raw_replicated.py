@@ -27,9 +27,10 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import crc32c
 
@@ -213,6 +214,13 @@ async def _load(
     }
 
 
+async def _bounded(load: Coroutine[Any, Any, dict[str, float]], seconds: float) -> dict[str, float]:
+    """`load`, ended with TimeoutError if it outlasts its seconds by far (a bare bookie
+    that died leaves its records unanswered)."""
+    async with asyncio.timeout(seconds * 3 + 30):
+        return await load
+
+
 def replicated_floor(
     directory: Path, size: int = 1024, window: int = 1_000, seconds: float = 4.0
 ) -> dict[str, float]:
@@ -231,7 +239,7 @@ def replicated_floor(
             pid, port = receiver.recv()
             pids.append(pid)
             ports.append(port)
-        return asyncio.run(_load(ports, pids, size, window, seconds))
+        return asyncio.run(_bounded(_load(ports, pids, size, window, seconds), seconds))
     finally:
         for process in processes:
             process.terminate()

@@ -40,6 +40,12 @@ DESCRIPTIONS = {
 DEFAULT = ["availability", "protocol", "journal", "bookie", "client"]
 
 
+def bench_scripts() -> dict[str, Path]:
+    """Each script of bench/ by the name `tally bench` lists it under: its file's name
+    without the `bench_` prefix, if it has one (raw_socket.py is `raw_socket`)."""
+    return {path.stem.removeprefix("bench_"): path for path in BENCH_DIR.glob("*.py")}
+
+
 def run(
     names: Annotated[
         list[str] | None,
@@ -49,7 +55,7 @@ def run(
 ) -> None:
     """Run benchmarks of bench/, each printing its figures beside the physical limits."""
     console = Console()
-    scripts = {path.stem.removeprefix("bench_"): path for path in BENCH_DIR.glob("*.py")}
+    scripts = bench_scripts()
     available = sorted(scripts)
     if list_only or not BENCH_DIR.is_dir():
         table = Table("benchmark", "measures", title=f"benchmarks in {BENCH_DIR}")
