@@ -36,7 +36,7 @@ def direct_file(path: Path, head: bytes = b"") -> Iterator[int]:
 
 part_sizes = st.integers(0, 3 * ALIGNMENT + 17) | st.sampled_from([16 << 10, 20_000, 40_000])
 """Parts within a block or a few, and entry-sized ones that span several buffers."""
-appends = st.lists(st.lists(part_sizes, max_size=4), min_size=1, max_size=25)
+appends = st.lists(st.lists(part_sizes, max_size=12), min_size=1, max_size=25)
 
 
 @settings(max_examples=40, deadline=None)

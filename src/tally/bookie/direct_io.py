@@ -83,19 +83,23 @@ class DirectAppender:
         return self._start + self._filled
 
     def append(self, parts: Sequence[bytes | memoryview]) -> None:
-        """Write `parts` back to back at `position`; durable only after an fdatasync."""
-        view, size, filled = self._view, len(self._view), self._filled
+        """Write `parts` back to back at `position`; durable only after an fdatasync.
+
+        The parts are joined into runs that fill the buffer's room before they are copied
+        in: a checkpoint appends two parts per entry (its header, its bytes), and copying
+        each alone cost more than the copy itself."""
+        size = len(self._view)
+        run: list[bytes | memoryview] = []
+        held = 0
         for part in parts:
-            rest = memoryview(part)
-            while rest:
-                taken = min(len(rest), size - filled)
-                view[filled : filled + taken] = rest[:taken]
-                filled += taken
-                rest = rest[taken:]
-                if filled == size:
-                    self._write(size)
-                    self._start += size
-                    filled = 0
+            run.append(part)
+            held += len(part)
+            if held >= size - self._filled:
+                self._copy(b"".join(run))
+                run, held = [], 0
+        if run:
+            self._copy(b"".join(run))
+        view, filled = self._view, self._filled
         if filled:
             self._filled = filled
             self._write(pad_block(view, filled))
@@ -103,6 +107,21 @@ class DirectAppender:
             view[: filled - kept] = view[kept:filled]
             self._start += kept
             filled -= kept
+        self._filled = filled
+
+    def _copy(self, data: bytes) -> None:
+        """Copy `data` in after what the buffer holds, writing each buffer that fills."""
+        view, size, filled = self._view, len(self._view), self._filled
+        rest = memoryview(data)
+        while rest:
+            taken = min(len(rest), size - filled)
+            view[filled : filled + taken] = rest[:taken]
+            filled += taken
+            rest = rest[taken:]
+            if filled == size:
+                self._write(size)
+                self._start += size
+                filled = 0
         self._filled = filled
 
     def _write(self, length: int) -> None:
