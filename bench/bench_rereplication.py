@@ -23,7 +23,8 @@ Second figure (issue 21): on a new cluster whose lost bookie held min(N, 256) Mi
 in a process of its own (100 B adds, 100 in flight, E3 WQ2 AQ2) measures its adds/s for
 10 s alone, then 10 s while one worker repairs with the default `replication_rate_by_bytes`
 (or --rate-limit), then 10 s alone again once the repair is over; the figure is the ratio
-of the writer during the repair to the mean of the two alone.
+of the writer during the repair to the mean of the two alone. That cluster's bookies
+checkpoint every 2 s (WRITER_BOOKIE_SETTINGS), so that each window pays for its own.
 
     python bench/bench_rereplication.py [--mib N] [--batch B] [--rate-limit BYTES]
         [--writer-only] [--profile] [--dir D]
@@ -65,6 +66,11 @@ LEDGER_ENTRIES = 256
 PASSWORD = b"bench-rereplication"
 BOOKIE_SETTINGS = {"TALLY_BOOKIE_SESSION_TIMEOUT": "2"}
 """A killed bookie's registration lapses in seconds, so the run does not wait 10 s."""
+WRITER_BOOKIE_SETTINGS = {**BOOKIE_SETTINGS, "TALLY_BOOKIE_FLUSH_INTERVAL": "2"}
+"""The cluster with a writer checkpoints every 2 s, not every 60: each window of the writer
+then pays for its own entries' checkpoints, where a 60-s checkpoint of what the windows
+before it left fell in whichever window its timer chose (in three runs, each time in the
+one during the repair, and none in the others)."""
 REFERENCE_BYTES = 256 * MIB
 WRITER_ENTRY = 100
 WRITER_WINDOW = 100
@@ -235,16 +241,14 @@ def measure(
 
 
 def lost_bookie_cluster(
-    stack: ExitStack, scratch: Path, victim_mib: int
+    stack: ExitStack, scratch: Path, victim_mib: int, settings: dict[str, str] = BOOKIE_SETTINGS
 ) -> tuple[str, list[BookieServer], list[LedgerId], str]:
     """(metadata URI, the live bookies, the ledgers, the lost bookie's address): three
     bookies wrote the ledgers, a fourth started empty, the first was killed and is gone
     from the writable bookies."""
     scratch.mkdir()
     metadata = init_metadata(scratch)
-    bookies = [
-        BookieServer(metadata, scratch / f"bookie-{i}", settings=BOOKIE_SETTINGS) for i in range(4)
-    ]
+    bookies = [BookieServer(metadata, scratch / f"bookie-{i}", settings=settings) for i in range(4)]
     for bookie in bookies[:3]:
         bookie.start()
         stack.callback(bookie.stop)
@@ -281,7 +285,9 @@ def repair_beside_writer(
     of a few seconds is as large as a repair's effect, so the writer during the repair is
     compared with the mean of the windows on either side of it."""
     with ExitStack() as stack:
-        metadata, _, ledgers, victim = lost_bookie_cluster(stack, scratch, victim_mib)
+        metadata, _, ledgers, victim = lost_bookie_cluster(
+            stack, scratch, victim_mib, WRITER_BOOKIE_SETTINGS
+        )
         before = writer_result(writer_process(metadata, WRITER_SECONDS))
         writer = writer_process(metadata, WRITER_SECONDS)
         repair = asyncio.run(rereplicate(metadata, ledgers, victim, batch, rate_limit=rate_limit))
