@@ -42,6 +42,8 @@ ENTRY = 64 * KIB
 BATCH = 16
 """Entries per read: about READ_BATCH_BYTES, as a repair's READ_ENTRIES asks."""
 IN_FLIGHT = 2
+"""Batches of a source asked and not yet durable at the target (each source's window, a
+semaphore that the target's writer releases)."""
 SOURCES = 2
 """The survivors a repair reads from."""
 ANSWER_SECONDS = 120
@@ -95,18 +97,11 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class _Window:
-    """Batches asked and not yet durable at the target, per source: IN_FLIGHT at most."""
-
-    def __init__(self) -> None:
-        self.free = threading.Semaphore(IN_FLIGHT)
-
-
 def _read_batches(
     sock: socket.socket,
     indexes: range,
-    checked: queue.Queue[tuple[bytearray, _Window] | None],
-    window: _Window,
+    checked: queue.Queue[tuple[bytearray, threading.Semaphore] | None],
+    window: threading.Semaphore,
 ) -> None:
     """Ask for the entries `indexes` (of this source's file), a batch at a time with at most
     IN_FLIGHT batches not yet durable; check each batch's entries and put it on `checked`
@@ -115,7 +110,7 @@ def _read_batches(
     cursor = 0
     try:
         while cursor < len(indexes) or asked:
-            while cursor < len(indexes) and window.free.acquire(blocking=not asked):
+            while cursor < len(indexes) and window.acquire(blocking=not asked):
                 count = min(BATCH, len(indexes) - cursor)
                 sock.sendall(_REQUEST.pack(cursor, count))
                 asked.append(count)
@@ -136,8 +131,8 @@ def _read_batches(
 
 
 def _checked_batch(
-    checked: queue.Queue[tuple[bytearray, _Window] | None],
-) -> tuple[bytearray, _Window]:
+    checked: queue.Queue[tuple[bytearray, threading.Semaphore] | None],
+) -> tuple[bytearray, threading.Semaphore]:
     item = checked.get()
     if item is None:
         raise RuntimeError("a reader failed: its batches will not come")
@@ -157,8 +152,8 @@ def _relay(source_ports: list[int], share: int, report: Connection) -> None:
         target.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         source = socket.create_connection(("127.0.0.1", source_port))
         source.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        checked: queue.Queue[tuple[bytearray, _Window] | None] = queue.Queue()
-        window = _Window()
+        checked: queue.Queue[tuple[bytearray, threading.Semaphore] | None] = queue.Queue()
+        window = threading.Semaphore(IN_FLIGHT)
         reader = threading.Thread(
             target=_read_batches, args=(source, range(share), checked, window)
         )
@@ -167,7 +162,7 @@ def _relay(source_ports: list[int], share: int, report: Connection) -> None:
         for _ in range(-(-share // BATCH)):
             _recv_exactly(target, memoryview(request))
             target.sendall(_checked_batch(checked)[0])
-            window.free.release()
+            window.release()
         reader.join()
         source.close()
 
@@ -190,7 +185,7 @@ def _target(ports: list[int], entries: int, path: str, report: Connection) -> No
     socks = [socket.create_connection(("127.0.0.1", port)) for port in ports]
     for sock in socks:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    checked: queue.Queue[tuple[bytearray, _Window] | None] = queue.Queue()
+    checked: queue.Queue[tuple[bytearray, threading.Semaphore] | None] = queue.Queue()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
     group = len(ports) * IN_FLIGHT * BATCH * (ENTRY + 4 * KIB)
     aligned = mmap.mmap(-1, group)
@@ -211,14 +206,16 @@ def _target(ports: list[int], entries: int, path: str, report: Connection) -> No
             os.fdatasync(fd)
             offset += size
             for _, window in batches:
-                window.free.release()
+                window.release()
             done += len(batches)
 
     started = time.perf_counter()
     writer = threading.Thread(target=write)
     writer.start()
     readers = [
-        threading.Thread(target=_read_batches, args=(sock, range(share), checked, _Window()))
+        threading.Thread(
+            target=_read_batches, args=(sock, range(share), checked, threading.Semaphore(IN_FLIGHT))
+        )
         for sock in socks
     ]
     for reader in readers:

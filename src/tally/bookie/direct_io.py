@@ -101,7 +101,6 @@ class DirectAppender:
             self._copy(b"".join(run))
         view, filled = self._view, self._filled
         if filled:
-            self._filled = filled
             self._write(pad_block(view, filled))
             kept = aligned_down(filled)
             view[: filled - kept] = view[kept:filled]
