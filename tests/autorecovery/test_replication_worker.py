@@ -286,7 +286,8 @@ async def test_a_mark_made_while_the_worker_sleeps_wakes_it_before_its_poll(
         for ledger_id in [writer.ledger_id for writer in writers]:
             record = await read_record(cluster.uri, ledger_id)
             bookie = record.metadata.segments[0].ensemble[0]
-            forget(cluster, {bookie: [1, 4]}, ledger_id)
+            # on a thread: the worker's loop must keep renewing its session meanwhile
+            await asyncio.to_thread(forget, cluster, {bookie: [1, 4]}, ledger_id)
             async with tally.Client(cluster.uri, config=CLIENT) as client:
                 await client.context.under_replication.mark_under_replicated(ledger_id, [bookie])
 
@@ -359,11 +360,19 @@ async def test_a_worker_repairs_at_most_its_ledgers_in_parallel_at_once(cluster:
     with enabled("replication.copy", "delay(0.2)"):
         async with running_worker(cluster.uri, two_at_once) as worker:
 
+            async def sample() -> None:  # apart from the slower check of the marks
+                while True:
+                    seen.append(len(worker.status()["current_ledgers"]))
+                    await asyncio.sleep(0.005)
+
             async def all_repaired() -> bool:
-                seen.append(len(worker.status()["current_ledgers"]))
                 return not any([await is_marked(cluster.uri, x) for x in hit])
 
-            await until(all_repaired, "every ledger repaired", timeout=WAIT)
+            sampler = asyncio.create_task(sample())
+            try:
+                await until(all_repaired, "every ledger repaired", timeout=WAIT)
+            finally:
+                sampler.cancel()
     assert max(seen) == 2, seen
     for ledger_id in hit:
         await assert_every_copy(cluster.uri, ledger_id)

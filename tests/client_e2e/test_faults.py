@@ -228,7 +228,7 @@ async def test_recovery_aborts_with_too_many_bookies_down_and_never_closes_early
             with pytest.raises(LedgerRecoveryFailed):
                 await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
 
-            cluster.restart([b2])
+            await asyncio.to_thread(cluster.restart, [b2])  # the loop keeps the session alive
             r = await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
             assert r.is_closed
             assert r.last_entry_id == 19
