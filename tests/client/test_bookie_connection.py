@@ -162,12 +162,19 @@ def inside_receive() -> bool:
 
 
 class Answers:
-    """What an `add_prepared` callback was told, and whether inside the receive callback."""
+    """What an `add_prepared`'s AddAnswers was told (an entry, its error, whether inside the
+    receive callback), and the entry ids of each `acknowledged` call."""
 
     def __init__(self) -> None:
         self.told: list[tuple[int, Exception | None, bool]] = []
+        self.calls: list[list[int]] = []
 
-    def __call__(self, entry_id: int, error: Exception | None) -> None:
+    def acknowledged(self, entry_ids: list[int]) -> None:
+        self.calls.append(list(entry_ids))
+        receiving = inside_receive()
+        self.told += [(entry_id, None, receiving) for entry_id in entry_ids]
+
+    def failed(self, entry_id: int, error: Exception) -> None:
         self.told.append((entry_id, error, inside_receive()))
 
 
@@ -208,14 +215,18 @@ async def test_a_failing_acknowledgement_callback_does_not_lose_the_other_answer
     async with connected() as (bookie, connection):
         acknowledged: list[int] = []
 
-        def answered(entry_id: int, error: Exception | None) -> None:
-            if entry_id == 1:
+        class Failing(Answers):
+            def acknowledged(self, entry_ids: list[int]) -> None:
                 raise RuntimeError("a bug in the writer")
-            acknowledged.append(entry_id)
+
+        class Taking(Answers):
+            def acknowledged(self, entry_ids: list[int]) -> None:
+                acknowledged.extend(entry_ids)
 
         bookie.hold = True
         for i in range(3):
-            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answered)
+            answers = Failing() if i == 1 else Taking()
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answers)
         await until(lambda: len(bookie.held) == 3)
         bookie.release()
         await until(lambda: len(acknowledged) == 2)
@@ -224,6 +235,78 @@ async def test_a_failing_acknowledgement_callback_does_not_lose_the_other_answer
         assert "acknowledgement callback failed" in caplog.text
         bookie.hold = False
         assert await connection.read(LEDGER, 2) == entry(LEDGER, 2)
+
+
+class Transport(asyncio.Transport):
+    """A transport that keeps what is written: the connection driven by hand, so that a
+    test decides which answers arrive in one receive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def receive(connection: BookieConnection, data: bytes) -> None:
+    """`data` arriving in one receive."""
+    buffer = connection.get_buffer(len(data))
+    buffer[: len(data)] = data
+    connection.buffer_updated(len(data))
+
+
+def add_answer(request_id: int, entry_id: int) -> bytes:
+    return AddResponse(request_id, LEDGER, entry_id).encode()
+
+
+def by_hand() -> BookieConnection:
+    connection = BookieConnection("127.0.0.1:1", asyncio.get_running_loop(), 30.0, 1 << 20)
+    connection.connection_made(Transport())
+    return connection
+
+
+async def test_the_acks_of_one_receive_reach_each_writer_together_in_their_order() -> None:
+    connection = by_hand()
+    first, second = Answers(), Answers()
+    for entry_id, answers in enumerate([first, first, second, second, first]):
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, entry_id), KEY), answers)
+    order = [(1, 1), (0, 0), (2, 2), (3, 3), (4, 4)]  # (request id, entry id)
+    receive(connection, b"".join(add_answer(*answer) for answer in order))
+    assert first.calls == [[1, 0], [4]]
+    assert second.calls == [[2, 3]]
+    assert all(receiving for _, _, receiving in first.told + second.told)
+
+
+async def test_acks_taken_before_a_writer_closes_the_connection_are_still_told() -> None:
+    """A writer's acknowledged may close the connection: the answer already taken from the
+    pending table is acknowledged, the later ones fail as unavailable."""
+    connection = by_hand()
+
+    class Closing(Answers):
+        def acknowledged(self, entry_ids: list[int]) -> None:
+            super().acknowledged(entry_ids)
+            connection.connection_lost(ConnectionResetError("closed by a callback"))
+
+    closing, other = Closing(), Answers()
+    for entry_id, answers in enumerate([closing, other, closing]):
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, entry_id), KEY), answers)
+    receive(connection, b"".join(add_answer(i, i) for i in range(3)))
+    assert closing.calls == [[0]]
+    assert other.calls == [[1]]
+    await until(lambda: len(closing.told) == 2)
+    entry_id, error, _ = closing.told[1]
+    assert entry_id == 2
+    assert isinstance(error, BookieUnavailable)
 
 
 async def test_request_ids_count_up_per_connection() -> None:
@@ -292,9 +375,7 @@ async def test_frames_over_the_size_limit() -> None:
             connection.add_nowait(entry(LEDGER, 0, bytes(2000)), KEY)
         # A writer's ADD, made once for connections of any limit, is refused by this one.
         with pytest.raises(BadRequest, match="over this connection's limit of 1024"):
-            connection.add_prepared(
-                PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY), lambda entry_id, error: None
-            )
+            connection.add_prepared(PreparedAdd.of(entry(LEDGER, 0, bytes(2000)), KEY), Answers())
         assert not bookie.received
         bookie.entries[LEDGER] = {0: bytes(2000)}
         with pytest.raises(BookieUnavailable, match="exceeds the limit of 1024"):

@@ -528,6 +528,22 @@ class PendingAddsMachine(RuleBasedStateMachine):
         completes = counted and entry_id == self.lac + 1 and self._acks(entry_id) == self.sizes[2]
         assert self.adds.ack(entry_id, position) is completes
 
+    @precondition(lambda self: self.adds is not None and self.adds.next_entry_id > 0)
+    @rule(data=st.data())
+    def acks_of_one_receive(self, data: st.DataObject) -> None:
+        """One position's acks to several entries (repeats too), given in one call."""
+        assert self.adds is not None
+        entry_id = data.draw(st.integers(0, self.adds.next_entry_id - 1))
+        position = data.draw(st.sampled_from(self._positions(entry_id)))
+        held = [e for e in range(self.adds.next_entry_id) if position in self._positions(e)]
+        entry_ids = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=6))
+        due = False
+        for acked_id in entry_ids:
+            counted = (acked_id, position) not in self.answers
+            self.answers.setdefault((acked_id, position), True)
+            due |= counted and acked_id == self.lac + 1 and self._acks(acked_id) == self.sizes[2]
+        assert self.adds.ack_all(entry_ids, position) is due
+
     @precondition(lambda self: self.adds is not None)
     @rule()
     def release(self) -> None:

@@ -5,8 +5,9 @@ An asyncio protocol rather than streams, so that an add needs no coroutine or ta
 the transport receives straight into the `ResponseReader`'s arena (`get_buffer`), and
 `buffer_updated` resolves the futures of whatever answers arrived. Frames queued in one
 event-loop turn leave in one write, so a burst of adds costs one send, not one each. A
-writer's copies take `add_prepared` instead, with a callback in place of a future: an
-acknowledgement then calls it from `buffer_updated` itself, not a loop turn later.
+writer's copies take `add_prepared` instead, with `AddAnswers` in place of a future: the
+acknowledgements of one receive reach it together, from `buffer_updated` itself, not a
+loop turn later.
 
 Failures keep BookKeeper's distinction between a negative answer and an unknown one: an
 error response raises the bookie's own typed error; no answer within `request_timeout`
@@ -28,9 +29,8 @@ import time
 from asyncio import BaseEventLoop
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
-from functools import partial
 from ssl import SSLContext
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 from tally.core import protocol
 from tally.core.addresses import split_host_port
@@ -94,11 +94,34 @@ class _Stream:
             waiter.set_result(None)
 
 
-AddAnswered: TypeAlias = Callable[[int, Exception | None], None]
-"""Told an entry id and how its add ended: None once the bookie has the entry durably,
-else the error. One callback serves every entry a writer sends to one bookie."""
+class AddAnswers(Protocol):
+    """How the adds a writer sends to one bookie end: one object serves all its entries."""
 
-_Target: TypeAlias = "asyncio.Future[Any] | _Stream | AddAnswered"
+    def acknowledged(self, entry_ids: list[int]) -> None:
+        """The bookie has these entries durably: its acks in one receive, in their order."""
+
+    def failed(self, entry_id: int, error: Exception) -> None:
+        """The add of `entry_id` failed (told a loop turn after it is known)."""
+
+
+class _Settles:
+    """A future's AddAnswers: `add_nowait`'s, for its one entry."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+
+    def acknowledged(self, entry_ids: list[int]) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def failed(self, entry_id: int, error: Exception) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+_Target: TypeAlias = "asyncio.Future[Any] | _Stream | AddAnswers"
 _Sent: TypeAlias = "Request | PreparedAdd"
 _Pending: TypeAlias = tuple[_Target, _Sent, float]
 """Who waits for the answer, the request, and its deadline on the loop's clock."""
@@ -189,26 +212,25 @@ class BookieConnection(asyncio.BufferedProtocol):
         if self._failure is not None:
             future.set_exception(self._unavailable())
         else:
-            self.add_prepared(add, partial(_settle, future))
+            self.add_prepared(add, _Settles(future))
         return future
 
-    def add_prepared(self, add: PreparedAdd, answered: AddAnswered) -> None:
-        """Send an ADD made once for every copy of its entry (a writer's). `answered` is
-        called once with the entry id: and None straight from the connection's receive
-        callback when the bookie acknowledges, or the error a loop turn after it is known
-        (never before this returns), so that failures meet the writer outside the
-        connection's own code."""
+    def add_prepared(self, add: PreparedAdd, answers: AddAnswers) -> None:
+        """Send an ADD made once for every copy of its entry (a writer's). `answers` hears
+        once how it ended: acknowledged straight from the connection's receive callback, or
+        failed a loop turn after the error is known (never before this returns), so that
+        failures meet the writer outside the connection's own code."""
         if add.frame_size > self._max_frame_size:
             raise BadRequest(
                 f"{_describe(add, self._next_id)}: a frame of {add.frame_size} bytes "
                 f"is over this connection's limit of {self._max_frame_size}"
             )
         if self._failure is not None:
-            self._loop.call_soon(answered, add.entry_id, self._unavailable())
+            self._loop.call_soon(answers.failed, add.entry_id, self._unavailable())
             return
         request_id = self._next_id
         self._next_id = request_id + 1
-        self._register(request_id, answered, add)
+        self._register(request_id, answers, add)
         self._send(add.head_for(request_id), add.entry)
 
     async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
@@ -376,11 +398,15 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._abort(f"malformed response: {error}")
             return
         pending = self._pending
+        # The acks of a run of answers to one AddAnswers go to it together.
+        acked: list[int] = []
+        acks_to: AddAnswers | None = None
         for response in responses:
             request_id = response.request_id
             entry = pending.pop(request_id, None)
             if entry is None:
                 if request_id >= self._next_id:
+                    self._acknowledge(acks_to, acked)
                     self._abort(f"answer to request {request_id}, which was never sent")
                     return
                 continue  # a late answer to a request that timed out or was given up
@@ -393,27 +419,39 @@ class BookieConnection(asyncio.BufferedProtocol):
                 or answer_ledger.scope != request_ledger.scope
             ):
                 pending[request_id] = entry
+                self._acknowledge(acks_to, acked)
                 self._abort(_mismatch(response, request, request_id))
                 return
-            if callable(target):
-                if type(response) is ErrorResponse:
-                    self._loop.call_soon(target, request.entry_id, response.error())
-                else:
-                    try:  # a writer's callback fails alone: the other answers still count
-                        target(request.entry_id, None)
-                    except Exception:
-                        log.exception(
-                            "bookie %s: an add's acknowledgement callback failed", self.address
-                        )
-                    if self._failure is not None:
-                        return  # the writer closed this connection: the rest was failed
-            elif isinstance(target, _Stream):
+            if isinstance(target, _Stream):
                 self._deliver(target, request_id, request, response)
-            elif not target.done():
-                if type(response) is ErrorResponse:
+            elif isinstance(target, asyncio.Future):
+                if target.done():
+                    pass
+                elif type(response) is ErrorResponse:
                     target.set_exception(response.error())
                 else:
                     target.set_result(None if type(response) is AddResponse else response)
+            elif type(response) is ErrorResponse:
+                self._loop.call_soon(target.failed, request.entry_id, response.error())
+            else:
+                if target is not acks_to:
+                    if not self._acknowledge(acks_to, acked):
+                        # The writer closed this connection: the rest was failed, but this
+                        # answer was taken from the pending table already.
+                        self._acknowledge(target, [request.entry_id])
+                        return
+                    acked, acks_to = [], target
+                acked.append(request.entry_id)
+        self._acknowledge(acks_to, acked)
+
+    def _acknowledge(self, answers: AddAnswers | None, entry_ids: list[int]) -> bool:
+        """Tell `answers` of its acks; whether the connection is still open after."""
+        if answers is not None:
+            try:  # a writer's callback fails alone: the other answers still count
+                answers.acknowledged(entry_ids)
+            except Exception:
+                log.exception("bookie %s: an add's acknowledgement callback failed", self.address)
+        return self._failure is None
 
     def eof_received(self) -> None:
         """Let the transport close: the bookie will not answer what is pending."""
@@ -567,21 +605,13 @@ class BookieConnection(asyncio.BufferedProtocol):
         return BookieUnavailable(f"bookie {self.address}: {self._failure}")
 
     def _reject(self, target: _Target, request: _Sent, error: TallyError) -> None:
-        if callable(target):
-            self._loop.call_soon(target, request.entry_id, error)
-        elif isinstance(target, _Stream):
+        if isinstance(target, _Stream):
             target.push(error)
-        elif not target.done():
-            target.set_exception(error)
-
-
-def _settle(future: asyncio.Future[None], entry_id: int, error: Exception | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+        elif isinstance(target, asyncio.Future):
+            if not target.done():
+                target.set_exception(error)
+        else:
+            self._loop.call_soon(target.failed, request.entry_id, error)
 
 
 def _describe(request: _Sent, request_id: int) -> str:

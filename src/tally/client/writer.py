@@ -28,7 +28,7 @@ import time
 from functools import partial
 from typing import Any
 
-from tally.client.bookie_connection import AddAnswered, BookieConnection
+from tally.client.bookie_connection import BookieConnection
 from tally.client.context import ClientContext
 from tally.client.metadata_copies import copy_answered, give_copies
 from tally.core.digest import mac_key, master_key
@@ -87,7 +87,7 @@ class LedgerWriter:
             metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         )
         self._ensemble: list[str] = []
-        self._answered: list[AddAnswered] = []
+        self._answered: list[_PositionAnswers] = []
         self._connections: list[BookieConnection | None] = []
         """Each position's connection as last taken from the pool, while it stays open."""
         self._segment_start = 0
@@ -253,7 +253,7 @@ class LedgerWriter:
         if self._bookie_of(entry_id, position) == bookie:
             if bookie not in self._copied:
                 self._give_copy(bookie, connection)
-            connection.add_prepared(add, partial(self._on_add, position, bookie))
+            connection.add_prepared(add, _PositionAnswers(self, position, bookie))
 
     def _bookie_of(self, entry_id: int, position: int) -> str:
         """The bookie that holds `entry_id` at `position` by the current metadata."""
@@ -268,20 +268,22 @@ class LedgerWriter:
         self._ensemble = list(segment.ensemble)
         self._segment_start = segment.first_entry_id
         self._answered = [
-            partial(self._on_add, position, bookie)
+            _PositionAnswers(self, position, bookie)
             for position, bookie in enumerate(self._ensemble)
         ]
         self._connections = [None] * len(self._ensemble)
 
-    def _on_add(self, position: int, bookie: str, entry_id: int, error: Exception | None) -> None:
-        if self._bookie_of(entry_id, position) != bookie:
-            return  # an answer from a bookie replaced since: it no longer counts
-        if error is None:
-            if self._pending.ack(entry_id, position):
-                self._release()
-            if self._settled is not None:
-                self._wake_if_settled()
-        else:
+    def _on_acks(self, position: int, bookie: str, entry_ids: list[int]) -> None:
+        if min(entry_ids) < self._segment_start or self._ensemble[position] != bookie:
+            # answers from a bookie replaced since no longer count
+            entry_ids = [e for e in entry_ids if self._bookie_of(e, position) == bookie]
+        if self._pending.ack_all(entry_ids, position):
+            self._release()
+        if self._settled is not None:
+            self._wake_if_settled()
+
+    def _on_add_failed(self, position: int, bookie: str, entry_id: int, error: Exception) -> None:
+        if self._bookie_of(entry_id, position) == bookie:  # else replaced since
             self._on_failure(entry_id, position, bookie, error)
 
     def _corrupt_here(self, entry_id: int, error: BadDigest) -> bool:
@@ -586,3 +588,18 @@ def _ignore_result(task: asyncio.Task[None]) -> None:
     """An explicit LAC is advisory: a bookie that misses one learns the LAC later."""
     if not task.cancelled():
         task.exception()
+
+
+class _PositionAnswers:
+    """The AddAnswers of the bookie at one position of a writer's ensemble."""
+
+    __slots__ = ("bookie", "position", "writer")
+
+    def __init__(self, writer: LedgerWriter, position: int, bookie: str) -> None:
+        self.writer, self.position, self.bookie = writer, position, bookie
+
+    def acknowledged(self, entry_ids: list[int]) -> None:
+        self.writer._on_acks(self.position, self.bookie, entry_ids)
+
+    def failed(self, entry_id: int, error: Exception) -> None:
+        self.writer._on_add_failed(self.position, self.bookie, entry_id, error)

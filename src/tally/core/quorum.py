@@ -14,7 +14,7 @@ failures prove nothing about what it stores.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -297,16 +297,29 @@ class PendingAdds:
         """Record that the bookie at `position` stored `entry_id` (repeats are harmless);
         True when this ack completes the entry after the LAC, so `release` has work: most
         acks (the others of an entry, those of entries behind a gap) leave it nothing."""
-        add = self._lookup(entry_id, position)
-        bit = 1 << position
-        if add is None or (add.acked | add.failed) & bit:
-            return False
-        add.acked |= bit
-        if entry_id <= self._lac:
-            self._in_flight -= 1
-            self._forget_if_done(entry_id, add)
-            return False
-        return entry_id == self._lac + 1 and add.acked.bit_count() == self.ack_quorum
+        return self.ack_all((entry_id,), position)
+
+    def ack_all(self, entry_ids: Iterable[int], position: int) -> bool:
+        """`ack` of each entry in turn, in one call: a receive brings a bookie's answers
+        to many entries at once. True when any of them leaves `release` work."""
+        adds, lac, quorum = self._adds, self._lac, self.ack_quorum
+        bit = 1 << position if position >= 0 else 0  # _lookup refuses a negative one
+        due = False
+        for entry_id in entry_ids:
+            add = adds.get(entry_id)
+            if add is None or position not in add.write_set:
+                add = self._lookup(entry_id, position)
+                if add is None:
+                    continue
+            if (add.acked | add.failed) & bit:
+                continue
+            add.acked |= bit
+            if entry_id <= lac:
+                self._in_flight -= 1
+                self._forget_if_done(entry_id, add)
+            elif entry_id == lac + 1 and add.acked.bit_count() == quorum:
+                due = True
+        return due
 
     def failed(self, entry_id: int, position: int) -> None:
         """Record that the bookie at `position` failed to store `entry_id`."""
