@@ -27,7 +27,9 @@ etcd's). Then the p50 / p99 latency of both paced at about 1,000 writes/s: h2loa
 script drifts late, so the run prints the rate it achieved and paces tally at that rate.
 Last, with both clusters stopped, raw_replicated.py's bare Python replicated writes at the
 same size and in-flight count: the floor of tally's design in Python on this machine, so
-the run shows how far tally is from what Python allows, not only from etcd.
+the run shows how far tally is from what Python allows, not only from etcd; and again with
+the storage work that design adds to each write (`--storage`: digests, an entry log, an
+index key).
 
     python bench/bench_etcd_peer.py [--dir D] [--seconds S] [--size B] [--concurrency N]
 
@@ -470,15 +472,20 @@ def print_table(f: dict[str, float], turns: int, size: int, concurrency: int) ->
             f"{tally / sync_rate:.2f}",
             "",
         )
-    floor = f["floor_writes_per_s"]
-    floor_cpu = f["floor_client_cpu_us_per_write"] + f["floor_bookies_cpu_us_per_write"]
-    row(
-        "reference, after the turns: bare Python replicated writes (raw_replicated.py: E3 WQ3 "
-        "AQ2, a client and 3 bookies with no protocol); CPU per write",
-        f"floor / etcd (last turn): {floor / f[f'turn{turns}_etcd_puts_per_s']:.2f}",
-        f"{floor:,.0f}/s; {floor_cpu:.0f} µs (client {f['floor_client_cpu_us_per_write']:.0f} µs)",
-        f"tally / floor (last turn): {f[f'turn{turns}_tally_adds_per_s'] / floor:.2f}",
-    )
+    for kind, what in (
+        ("floor", "no protocol"),
+        ("storage_floor", "with digests, an entry log and a RocksDB key per write"),
+    ):
+        floor = f[f"{kind}_writes_per_s"]
+        client_cpu = f[f"{kind}_client_cpu_us_per_write"]
+        floor_cpu = client_cpu + f[f"{kind}_bookies_cpu_us_per_write"]
+        row(
+            "reference, after the turns: bare Python replicated writes (raw_replicated.py: E3 "
+            f"WQ3 AQ2, a client and 3 bookies, {what}); CPU per write",
+            f"floor / etcd (last turn): {floor / f[f'turn{turns}_etcd_puts_per_s']:.2f}",
+            f"{floor:,.0f}/s; {floor_cpu:.0f} µs (client {client_cpu:.0f} µs)",
+            f"tally / floor (last turn): {f[f'turn{turns}_tally_adds_per_s'] / floor:.2f}",
+        )
     row(
         f"paced at about {PACED_RATE:,}/s ({f['etcd_paced_puts_per_s']:,.0f}/s achieved by "
         "h2load, tally paced at that rate): p50 / p99",
@@ -559,11 +566,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                 measure(scratch, members, metadata, bookies, args)
             )
         floor = replicated_floor(scratch, args.size, args.concurrency, args.seconds)
+        storage_floor = replicated_floor(
+            scratch, args.size, args.concurrency, args.seconds, storage=True
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     figures = summarize(sync, turns, etcd_paced, tally_paced, python)
     figures |= {f"floor_{name}": value for name, value in floor.items()}
+    figures |= {f"storage_floor_{name}": value for name, value in storage_floor.items()}
     print_table(figures, args.turns, args.size, args.concurrency)
     return figures
 

@@ -13,7 +13,14 @@ counts the answers. The load keeps `window` records in flight, one new one for e
 acknowledged, like bench_client's windowed load. It prints writes/s and the CPU per write of
 the client and the three bookies.
 
-    python bench/raw_replicated.py [--seconds S] [--size B] [--window N] [--dir D]
+With `--storage`, the writes also do the work BookKeeper's design adds to every entry, at
+its cheapest: the client prefixes each record with its own CRC32C digest, which the bookies
+check beside the frame's; and once the
+journal batch is answered, the records appended to an entry log and a RocksDB key per record
+(its location) written in one batch, the entry log fdatasynced and RocksDB's WAL flushed
+once a second: a checkpoint. Still no protocol, ledger state, admission or metrics.
+
+    python bench/raw_replicated.py [--seconds S] [--size B] [--window N] [--dir D] [--storage]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
+import rocksdict
 
 from bench_client import cpu_seconds
 from raw_socket import FramedProtocol
@@ -41,15 +49,50 @@ BOOKIES = 3
 ACK_QUORUM = 2
 _HEAD = struct.Struct(">IQQI")  # length, request id, entry id, crc32c of the payload
 _REPLY = struct.Struct(">IQ")  # length, request id
+_DIGESTED = _HEAD.size + 4  # with --storage, a record's payload follows its own CRC32C
+_KEY = struct.Struct(">QQQ")  # scope, ledger, entry id: tally's index key
+_LOCATION = struct.Struct(">IQI")  # entry log, offset, size
+CHECKPOINT_INTERVAL = 1.0
+
+
+class _Storage:
+    """The entry log and index of a bookie: each answered batch appended and indexed, made
+    durable once a CHECKPOINT_INTERVAL."""
+
+    def __init__(self, directory: Path) -> None:
+        self._log = os.open(directory / "entry-log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._offset = 0
+        self._index = rocksdict.Rdict(
+            str(directory / "index"), options=rocksdict.Options(raw_mode=True)
+        )
+        self._synced = time.monotonic()
+
+    def keep(self, records: list[bytes]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        offset = self._offset
+        for record in records:
+            entry_id = _HEAD.unpack_from(record)[2]
+            batch.put(_KEY.pack(0, 1, entry_id), _LOCATION.pack(1, offset, len(record)))
+            offset += len(record)
+        os.write(self._log, b"".join(records))
+        self._index.write(batch)
+        self._offset = offset
+        if time.monotonic() - self._synced >= CHECKPOINT_INTERVAL:
+            os.fdatasync(self._log)
+            self._index.flush_wal(True)
+            self._synced = time.monotonic()
 
 
 class _Journal:
     """Group commit on a thread: every batch handed over meanwhile is written and fdatasynced
     together, then answered on the loop."""
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, path: Path, loop: asyncio.AbstractEventLoop, storage: _Storage | None
+    ) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._loop = loop
+        self._storage = storage
         self._pending: list[tuple[list[bytes], list[bytes], asyncio.Transport]] = []
         self._wake = threading.Condition()
         threading.Thread(target=self._run, daemon=True).start()
@@ -70,6 +113,8 @@ class _Journal:
             os.write(self._fd, b"".join(b"".join(records) for records, _, _ in batches))
             os.fdatasync(self._fd)
             self._loop.call_soon_threadsafe(_answer, batches)
+            if self._storage is not None:
+                self._storage.keep([record for records, _, _ in batches for record in records])
 
 
 def _answer(batches: list[tuple[list[bytes], list[bytes], asyncio.Transport]]) -> None:
@@ -78,9 +123,10 @@ def _answer(batches: list[tuple[list[bytes], list[bytes], asyncio.Transport]]) -
 
 
 class _Bookie(FramedProtocol):
-    def __init__(self, journal: _Journal) -> None:
+    def __init__(self, journal: _Journal, digests: bool) -> None:
         super().__init__()
         self._journal = journal
+        self._digests = digests
 
     def data_received(self, data: bytes) -> None:
         records: list[bytes] = []
@@ -90,17 +136,23 @@ class _Bookie(FramedProtocol):
             record = bytes(view[pos : pos + 4 + length])
             if crc32c.crc32c(memoryview(record)[_HEAD.size :]) != crc:
                 raise ValueError(f"request {request_id}: bad CRC32C")
+            if self._digests and crc32c.crc32c(memoryview(record)[_DIGESTED:]) != int.from_bytes(
+                record[_HEAD.size : _DIGESTED], "big"
+            ):
+                raise ValueError(f"request {request_id}: bad digest")
             records.append(record)
             replies.append(_REPLY.pack(_REPLY.size - 4, request_id))
         if records and self._transport is not None:
             self._journal.append(records, replies, self._transport)
 
 
-def _serve(directory: str, report: Connection) -> None:
+def _serve(directory: str, report: Connection, storage: bool) -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        journal = _Journal(Path(directory) / f"journal-{os.getpid()}", loop)
-        server = await loop.create_server(lambda: _Bookie(journal), "127.0.0.1", 0)
+        own = Path(directory) / f"bookie-{os.getpid()}"
+        own.mkdir()
+        journal = _Journal(own / "journal", loop, _Storage(own) if storage else None)
+        server = await loop.create_server(lambda: _Bookie(journal, storage), "127.0.0.1", 0)
         report.send((os.getpid(), server.sockets[0].getsockname()[1]))
         await server.serve_forever()
 
@@ -139,8 +191,9 @@ class _Pending:
 
 
 class _Client:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, digests: bool) -> None:
         self._loop = loop
+        self._digests = digests
         self.connections: list[_Connection] = []
         self._pending: dict[int, _Pending] = {}
         self._next = 0
@@ -149,6 +202,8 @@ class _Client:
     def append_nowait(self, payload: bytes) -> asyncio.Future[None]:
         request_id = self._next
         self._next += 1
+        if self._digests:
+            payload = crc32c.crc32c(payload).to_bytes(4, "big") + payload
         frame = (
             _HEAD.pack(
                 _HEAD.size - 4 + len(payload), request_id, request_id, crc32c.crc32c(payload)
@@ -179,10 +234,15 @@ class _Client:
 
 
 async def _load(
-    ports: Sequence[int], pids: Sequence[int], size: int, window: int, seconds: float
+    ports: Sequence[int],
+    pids: Sequence[int],
+    size: int,
+    window: int,
+    seconds: float,
+    storage: bool,
 ) -> dict[str, float]:
     loop = asyncio.get_running_loop()
-    client = _Client(loop)
+    client = _Client(loop, storage)
     for port in ports:
         _, connection = await loop.create_connection(lambda: _Connection(client), "127.0.0.1", port)
         client.connections.append(connection)
@@ -222,16 +282,23 @@ async def _bounded(load: Coroutine[Any, Any, dict[str, float]], seconds: float) 
 
 
 def replicated_floor(
-    directory: Path, size: int = 1024, window: int = 1_000, seconds: float = 4.0
+    directory: Path,
+    size: int = 1024,
+    window: int = 1_000,
+    seconds: float = 4.0,
+    storage: bool = False,
 ) -> dict[str, float]:
-    """Writes/s and CPU per write of the bare client and bookies (see the module's doc)."""
+    """Writes/s and CPU per write of the bare client and bookies, with `storage` the
+    design's work per entry too (see the module's doc)."""
     context = multiprocessing.get_context("spawn")
     processes = []
     ports, pids = [], []
     try:
         for _ in range(BOOKIES):
             receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_serve, args=(str(directory), sender), daemon=True)
+            process = context.Process(
+                target=_serve, args=(str(directory), sender, storage), daemon=True
+            )
             process.start()
             processes.append(process)
             if not receiver.poll(30):
@@ -239,16 +306,18 @@ def replicated_floor(
             pid, port = receiver.recv()
             pids.append(pid)
             ports.append(port)
-        return asyncio.run(_bounded(_load(ports, pids, size, window, seconds), seconds))
+        load = _load(ports, pids, size, window, seconds, storage)
+        return asyncio.run(_bounded(load, seconds))
     finally:
         for process in processes:
             process.terminate()
             process.join()
 
 
-def print_floor(figures: dict[str, float]) -> None:
+def print_floor(figures: dict[str, float], storage: bool = False) -> None:
+    kind = "with digests, entry log and index" if storage else "no protocol"
     print(
-        f"bare Python replicated writes (E3 WQ3 AQ2, no protocol): "
+        f"bare Python replicated writes (E3 WQ3 AQ2, {kind}): "
         f"{figures['writes_per_s']:,.0f}/s (CPU per write: client "
         f"{figures['client_cpu_us_per_write']:.0f} us, 3 bookies "
         f"{figures['bookies_cpu_us_per_write']:.0f} us)"
@@ -261,10 +330,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--window", type=int, default=1_000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument(
+        "--storage", action="store_true", help="add the design's digests, entry log and index"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
-        figures = replicated_floor(Path(scratch), args.size, args.window, args.seconds)
-    print_floor(figures)
+        figures = replicated_floor(
+            Path(scratch), args.size, args.window, args.seconds, args.storage
+        )
+    print_floor(figures, args.storage)
     return figures
 
 
