@@ -68,6 +68,36 @@ def test_buffers_written_in_order_lay_down_the_records_and_their_ends(
     assert staging.position == (1, len(expected))
 
 
+def drained(staging: JournalStage[int]) -> tuple[dict[int, bytearray], list[int], list[int]]:
+    files: dict[int, bytearray] = {}
+    waiters: list[int] = []
+    ends: list[int] = []
+    while (buffer := staging.take()) is not None:
+        write(files, buffer)
+        waiters += buffer.waiters
+        ends += buffer.ends
+    return files, waiters, ends
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=record_sizes, cuts=st.lists(st.booleans(), min_size=40, max_size=40))
+def test_add_all_stages_a_run_as_add_stages_each_record(sizes: list[int], cuts: list[bool]) -> None:
+    """Runs of records (cut where `cuts` says), across buffers and files: the same bytes,
+    waiters and ends as one `add` per record, the run's waiter on its last record."""
+    one, many = stage(file_size=150_000, batch_bytes=20_000), stage(150_000, 20_000)
+    records = [bytes([n % 251 + 1]) * size for n, size in enumerate(sizes)]
+    run: list[tuple[bytes, bytes]] = []
+    for number, (record, cut) in enumerate(zip(records, cuts, strict=False)):
+        last = cut or number == len(records) - 1
+        one.add(record[:10], record[10:], number if last else -1)
+        run.append((record[:10], record[10:]))
+        if last:
+            many.add_all(run, number, -1)
+            run = []
+    assert drained(one) == drained(many)
+    assert one.position == many.position
+
+
 def test_a_batch_is_sealed_at_the_record_that_reaches_batch_bytes() -> None:
     staging = stage(batch_bytes=1000)
     for number in range(25):

@@ -519,14 +519,12 @@ class Journal:
             (frame(head, len(body), crc32c(body) if crc is None else crc), body)
             for head, body, crc in records
         ]
-        last = len(framed) - 1
         stage = self._stage
         assert stage is not None
         if not stage.queued_bytes and self.max_batch_delay:
             self._first_queued_at = loop.time()
         with self._queue_lock:
-            for position, (head, body) in enumerate(framed):
-                stage.add(head, body, waiter if position == last else None)
+            stage.add_all(framed, waiter, None)
             if self._in_flight:
                 return
         if self._flush_handle is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -96,18 +96,38 @@ class JournalStage(Generic[W]):
     def add(self, head: bytes, body: bytes | memoryview, waiter: W) -> None:
         """Stage the record `head + body`, rolling to a new file first if it would take the
         current one past `file_size` (a file holds at least one record, however long)."""
-        size = len(head) + len(body)
-        file_id, offset = self.position
-        if offset + size > self.file_size and offset > self._header_size:
-            self._roll(file_id, offset)
-        self._copy(head)
-        self._copy(body)
-        current = self._current
-        current.waiters.append(waiter)
-        current.ends.append(current.start + current.filled)
-        self.queued_bytes += size
-        if current.staged >= self.batch_bytes:
-            self._seal()
+        self.add_all([(head, body)], waiter, waiter)
+
+    def add_all(
+        self, records: Sequence[tuple[bytes, bytes | memoryview]], waiter: W, others: W
+    ) -> None:
+        """`add` each (head, body) in order, `waiter` on the last and `others` (the journal's
+        None) on the rest: the records of one receive, staged in one call."""
+        last = len(records) - 1
+        buffer_size, file_size = self.buffer_size, self.file_size
+        for index, (head, body) in enumerate(records):
+            size = len(head) + len(body)
+            current = self._current
+            offset = current.start + current.filled
+            if offset + size > file_size and offset > self._header_size:
+                self._roll(current.file_id, offset)
+                current = self._current
+            filled = current.filled
+            if filled + size <= buffer_size:  # the usual case, without _copy's calls
+                memory, middle = current.memory, filled + len(head)
+                memory[filled:middle] = head
+                memory[middle : filled + size] = body
+                current.filled = filled + size
+                current.staged += size
+            else:
+                self._copy(head)
+                self._copy(body)
+                current = self._current
+            current.waiters.append(waiter if index == last else others)
+            current.ends.append(current.start + current.filled)
+            self.queued_bytes += size
+            if current.staged >= self.batch_bytes:
+                self._seal()
 
     def take(self) -> StagedBuffer[W] | None:
         """The next buffer to write (sealing the current one if none is), or None."""

@@ -325,7 +325,7 @@ class LedgerStorage:
         """
         stored = _checked(ledger_id, entry_id, crc32c, data, last_add_confirmed)
         with self._lock:
-            self._store(self._touch(ledger_id), ledger_id, entry_id, stored, last_add_confirmed)
+            self._store(self._touch(ledger_id), ledger_id, [(entry_id, stored)], last_add_confirmed)
 
     def add_entries(
         self,
@@ -349,10 +349,10 @@ class LedgerStorage:
             else:
                 checked.append((entry, stored))
         if checked:
+            stores = [(entry.entry_id, stored) for entry, stored in checked]
+            lac = max(entry.last_add_confirmed for entry, _ in checked)
             with self._lock:
-                state = self._touch(ledger_id)
-                for entry, stored in checked:
-                    self._store(state, ledger_id, entry.entry_id, stored, entry.last_add_confirmed)
+                self._store(self._touch(ledger_id), ledger_id, stores, lac)
         for entry, refusal in refusals:
             refused(entry, refusal)
         return [entry for entry, _ in checked]
@@ -361,18 +361,17 @@ class LedgerStorage:
         self,
         state: LedgerData,
         ledger_id: LedgerId,
-        entry_id: int,
-        stored: Stored,
+        entries: list[tuple[int, Stored]],
         last_add_confirmed: int,
     ) -> None:
-        """Put a checked entry into the write cache (call under `_lock`)."""
+        """Put checked (entry id, stored) of one ledger into the write cache, the highest LAC
+        they carry piggybacked (call under `_lock`)."""
         if last_add_confirmed > state.piggyback_lac:
             state.piggyback_lac = last_add_confirmed
         # Not marked dirty: the next checkpoint writes the state of every ledger in the
         # cache it flushes, and this one is in it from here on.
-        self._cache.put(ledger_id, entry_id, stored)
-        self._counters.entries_added += 1
-        self._counters.bytes_added += len(stored[1])
+        self._counters.bytes_added += self._cache.put_all(ledger_id, entries)
+        self._counters.entries_added += len(entries)
 
     def set_master_key(self, ledger_id: LedgerId, master_key: bytes) -> None:
         """Record the ledger's master key; the first one stays, a different one is refused."""

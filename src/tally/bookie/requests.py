@@ -250,7 +250,7 @@ class BookieRequestProcessor:
             admission = admit_add(
                 ledger_id, storage.ledger_access(ledger_id), first.master_key, recovery=False
             )
-            adds = [add for add in adds if self._digest_checked(add, connection)]
+            adds = self._digests_checked(adds, connection)
             adds = storage.add_entries(
                 ledger_id, adds, lambda add, error: self._fail(add, connection, error)
             )
@@ -275,16 +275,19 @@ class BookieRequestProcessor:
         except Exception as error:  # none of `adds` answered yet
             self._all_raised(adds, connection, error)
 
-    def _digest_checked(
-        self, request: protocol.AddRequest, connection: BookieConnectionHandler
-    ) -> bool:
-        """Whether the entry's own digest checks out; if not, the add is answered so."""
-        try:
-            check_crc_digest(request.entry)
-        except Exception as error:
-            self._raised(request, connection, error)
-            return False
-        return True
+    def _digests_checked(
+        self, adds: list[protocol.AddRequest], connection: BookieConnectionHandler
+    ) -> list[protocol.AddRequest]:
+        """The adds whose entry's own digest checks out; each other is answered so."""
+        checked = []
+        for add in adds:
+            try:
+                check_crc_digest(add.entry)
+            except Exception as error:
+                self._raised(add, connection, error)
+            else:
+                checked.append(add)
+        return checked
 
     def _added_all(
         self,
