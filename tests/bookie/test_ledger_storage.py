@@ -228,6 +228,9 @@ def test_no_such_ledger_and_no_such_entry(storage: LedgerStorage) -> None:
             storage.get_entry(L1, bad)
     with pytest.raises(BadRequest, match="LAC -2"):
         storage.add_entry(L1, 0, 0, b"x", -2)
+    for bad in (-1, 2**63, True):
+        with pytest.raises(BadRequest, match="entry id"):
+            storage.add_entry(L1, bad, 0, b"x", 0)
     with pytest.raises(BadRequest, match="empty"):
         storage.add_entry(L1, 0, 0, b"", 0)
     with pytest.raises(BadRequest, match="LedgerId"):

@@ -337,25 +337,27 @@ class LedgerStorage:
         one lock: returns those stored; each one refused is told to `refused` instead, once
         the others are stored (if storing raises, none has been told anything). A run whose
         every entry is refused leaves no trace, not even the ledger."""
-        checked: list[tuple[NewEntryT, Stored]] = []
+        checked: list[NewEntryT] = []
+        stores: list[tuple[int, Stored]] = []
         refusals: list[tuple[NewEntryT, TallyError]] = []
+        lac = -1
         for entry in entries:
+            entry_id, entry_lac = entry.entry_id, entry.last_add_confirmed
             try:
-                stored = _checked(
-                    ledger_id, entry.entry_id, entry.crc32c, entry.entry, entry.last_add_confirmed
-                )
+                stored = _checked(ledger_id, entry_id, entry.crc32c, entry.entry, entry_lac)
             except TallyError as error:
                 refusals.append((entry, error))
             else:
-                checked.append((entry, stored))
+                checked.append(entry)
+                stores.append((entry_id, stored))
+                if entry_lac > lac:
+                    lac = entry_lac
         if checked:
-            stores = [(entry.entry_id, stored) for entry, stored in checked]
-            lac = max(entry.last_add_confirmed for entry, _ in checked)
             with self._lock:
                 self._store(self._touch(ledger_id), ledger_id, stores, lac)
         for entry, refusal in refusals:
             refused(entry, refusal)
-        return [entry for entry, _ in checked]
+        return checked
 
     def _store(
         self,
@@ -1216,8 +1218,13 @@ def _checked(
 ) -> Stored:
     """An entry's (CRC32C, bytes) as the write cache keeps them, once its ids, its size and
     the client's CRC32C of it check out (see `LedgerStorage.add_entry`)."""
-    _check_entry_id(entry_id, ledger_id)
-    _check_lac(last_add_confirmed, ledger_id)
+    if not (
+        type(entry_id) is int
+        and 0 <= entry_id <= MAX_ENTRY_ID
+        and -1 <= last_add_confirmed <= MAX_ENTRY_ID
+    ):  # the checks below, called only to say what is wrong: every add passes here
+        _check_entry_id(entry_id, ledger_id)
+        _check_lac(last_add_confirmed, ledger_id)
     if not data:
         raise BadRequest(f"entry {entry_id} of ledger {ledger_id} is empty")
     stored = data if type(data) is bytes or len(data) >= KEEP_IN_PLACE else bytes(data)
