@@ -18,7 +18,8 @@ its cheapest: the client prefixes each record with its own CRC32C digest, which 
 check beside the frame's; and once the
 journal batch is answered, the records appended to an entry log and a RocksDB key per record
 (its location) written in one batch, the entry log fdatasynced and RocksDB's WAL flushed
-once a second: a checkpoint. Still no protocol, ledger state, admission or metrics.
+once a second: a checkpoint, on a thread of its own as tally's is, which the journal's
+group commits do not wait for. Still no protocol, ledger state, admission or metrics.
 
     python bench/raw_replicated.py [--seconds S] [--size B] [--window N] [--dir D] [--storage]
 """
@@ -33,11 +34,12 @@ import struct
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import crc32c
 import rocksdict
@@ -54,10 +56,44 @@ _KEY = struct.Struct(">QQQ")  # scope, ledger, entry id: tally's index key
 _LOCATION = struct.Struct(">IQI")  # entry log, offset, size
 CHECKPOINT_INTERVAL = 1.0
 
+T = TypeVar("T")
+_Batch: TypeAlias = tuple[list[bytes], list[bytes], asyncio.Transport]
+"""A receive's records, their replies, and the connection to answer on."""
+
+
+class _Batches(Generic[T]):
+    """Items handed over from the loop and taken all at once by a thread of their own, which
+    ends the bookie process if it raises: its clients then lose their connections and the
+    load fails, where it would wait for answers."""
+
+    def __init__(self, process: Callable[[list[T]], None]) -> None:
+        self._process = process
+        self._pending: list[T] = []
+        self._wake = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def give(self, items: Iterable[T]) -> None:
+        with self._wake:
+            self._pending.extend(items)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._pending:
+                        self._wake.wait()
+                    taken, self._pending = self._pending, []
+                self._process(taken)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(3)
+
 
 class _Storage:
-    """The entry log and index of a bookie: each answered batch appended and indexed, made
-    durable once a CHECKPOINT_INTERVAL."""
+    """The entry log and index of a bookie, on a thread of their own as a checkpoint is
+    (the journal's group commits do not wait for them): each answered batch appended and
+    indexed, made durable once a CHECKPOINT_INTERVAL."""
 
     def __init__(self, directory: Path) -> None:
         self._log = os.open(directory / "entry-log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -66,8 +102,12 @@ class _Storage:
             str(directory / "index"), options=rocksdict.Options(raw_mode=True)
         )
         self._synced = time.monotonic()
+        self._records = _Batches(self._store)
 
     def keep(self, records: list[bytes]) -> None:
+        self._records.give(records)
+
+    def _store(self, records: list[bytes]) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)
         offset = self._offset
         for record in records:
@@ -93,31 +133,22 @@ class _Journal:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._loop = loop
         self._storage = storage
-        self._pending: list[tuple[list[bytes], list[bytes], asyncio.Transport]] = []
-        self._wake = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
+        self._batches: _Batches[_Batch] = _Batches(self._commit)
 
     def append(
         self, records: list[bytes], replies: list[bytes], transport: asyncio.Transport
     ) -> None:
-        with self._wake:
-            self._pending.append((records, replies, transport))
-            self._wake.notify()
+        self._batches.give([(records, replies, transport)])
 
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._pending:
-                    self._wake.wait()
-                batches, self._pending = self._pending, []
-            os.write(self._fd, b"".join(b"".join(records) for records, _, _ in batches))
-            os.fdatasync(self._fd)
-            self._loop.call_soon_threadsafe(_answer, batches)
-            if self._storage is not None:
-                self._storage.keep([record for records, _, _ in batches for record in records])
+    def _commit(self, batches: list[_Batch]) -> None:
+        os.write(self._fd, b"".join(b"".join(records) for records, _, _ in batches))
+        os.fdatasync(self._fd)
+        self._loop.call_soon_threadsafe(_answer, batches)
+        if self._storage is not None:
+            self._storage.keep([record for records, _, _ in batches for record in records])
 
 
-def _answer(batches: list[tuple[list[bytes], list[bytes], asyncio.Transport]]) -> None:
+def _answer(batches: list[_Batch]) -> None:
     for _, replies, transport in batches:
         transport.write(b"".join(replies))
 
@@ -149,8 +180,7 @@ class _Bookie(FramedProtocol):
 def _serve(directory: str, report: Connection, storage: bool) -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        own = Path(directory) / f"bookie-{os.getpid()}"
-        own.mkdir()
+        own = Path(tempfile.mkdtemp(prefix="bookie-", dir=directory))
         journal = _Journal(own / "journal", loop, _Storage(own) if storage else None)
         server = await loop.create_server(lambda: _Bookie(journal, storage), "127.0.0.1", 0)
         report.send((os.getpid(), server.sockets[0].getsockname()[1]))
@@ -180,6 +210,9 @@ class _Connection(FramedProtocol):
         answered = self._client.answered
         for view, pos in self._frames.feed(data):
             answered(_REPLY.unpack_from(view, pos)[1])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client.lost()
 
 
 class _Pending:
@@ -224,8 +257,17 @@ class _Client:
         for connection in self.connections:
             connection.flush()
 
+    def lost(self) -> None:
+        """A bookie is gone (or the load is over): whatever still waits fails."""
+        pending, self._pending = self._pending, {}
+        for waiting in pending.values():
+            if not waiting.future.done():
+                waiting.future.set_exception(ConnectionError("a bare bookie went away"))
+
     def answered(self, request_id: int) -> None:
-        pending = self._pending[request_id]
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return  # failed when a bookie went away
         pending.answers += 1
         if pending.answers == ACK_QUORUM:
             pending.future.set_result(None)

@@ -373,6 +373,7 @@ async def test_a_worker_repairs_at_most_its_ledgers_in_parallel_at_once(cluster:
                 await until(all_repaired, "every ledger repaired", timeout=WAIT)
             finally:
                 sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
     assert max(seen) == 2, seen
     for ledger_id in hit:
         await assert_every_copy(cluster.uri, ledger_id)

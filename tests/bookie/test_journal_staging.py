@@ -80,10 +80,51 @@ def drained(staging: JournalStage[int]) -> tuple[dict[int, bytearray], list[int]
 
 
 @settings(max_examples=60, deadline=None)
+@given(
+    sizes=record_sizes,
+    cuts=st.lists(st.booleans(), min_size=40, max_size=40),
+    takes=st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_runs_lay_down_their_records_with_a_waiter_on_each_runs_last(
+    sizes: list[int], cuts: list[bool], takes: list[bool]
+) -> None:
+    """Runs of records (cut where `cuts` says) staged with add_all while the journal thread
+    takes and gives back buffers between them: the journal's bytes, each record's end, and
+    a waiter only on the last record of each run."""
+    staging = stage(batch_bytes=20_000)
+    records = [bytes([n % 251 + 1]) * size for n, size in enumerate(sizes)]
+    last = [cuts[n] or n == len(records) - 1 for n in range(len(records))]
+    files: dict[int, bytearray] = {}
+    waiters: list[int] = []
+    ends: list[int] = []
+    run: list[tuple[bytes, bytes]] = []
+    for number, record in enumerate(records):
+        run.append((record[:10], record[10:]))
+        if last[number]:
+            staging.add_all(run, number, -1)
+            run = []
+        while (takes[number] or number == len(records) - 1) and (
+            buffer := staging.take()
+        ) is not None:
+            write(files, buffer)
+            waiters += buffer.waiters
+            ends += buffer.ends
+            staging.give_back(buffer)
+    expected = HEADER + b"".join(records)
+    assert bytes(files[1][: len(expected)]) == expected
+    assert not any(files[1][len(expected) :])
+    assert staging.queued_bytes == 0
+    assert waiters == [n if last[n] else -1 for n in range(len(records))]
+    assert ends == [len(HEADER) + sum(sizes[: n + 1]) for n in range(len(sizes))]
+
+
+@settings(max_examples=60, deadline=None)
 @given(sizes=record_sizes, cuts=st.lists(st.booleans(), min_size=40, max_size=40))
-def test_add_all_stages_a_run_as_add_stages_each_record(sizes: list[int], cuts: list[bool]) -> None:
-    """Runs of records (cut where `cuts` says), across buffers and files: the same bytes,
-    waiters and ends as one `add` per record, the run's waiter on its last record."""
+def test_a_run_staged_at_once_is_staged_as_its_records_one_by_one(
+    sizes: list[int], cuts: list[bool]
+) -> None:
+    """Across buffers and files (a run may cross both): the same bytes, waiters and ends as
+    the run's records staged one call each."""
     one, many = stage(file_size=150_000, batch_bytes=20_000), stage(150_000, 20_000)
     records = [bytes([n % 251 + 1]) * size for n, size in enumerate(sizes)]
     run: list[tuple[bytes, bytes]] = []

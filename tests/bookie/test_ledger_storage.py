@@ -144,6 +144,17 @@ def test_a_run_of_adds_stores_the_good_and_tells_each_refusal_once_they_are_stor
     assert storage.last_add_confirmed(L1) == 1
 
 
+def test_a_run_counts_each_add_and_piggybacks_its_highest_lac(storage: LedgerStorage) -> None:
+    """Not the last LAC of the run: adds of one receive may come out of order."""
+    run = [NewEntry(e, crc32c(body(L1, e)), body(L1, e), lac) for e, lac in [(6, 5), (4, 3)]]
+    before = storage.stats()
+    assert storage.add_entries(L1, run, lambda entry, error: None) == run
+    after = storage.stats()
+    assert after.entries_added - before.entries_added == 2
+    assert after.bytes_added - before.bytes_added == sum(len(entry.entry) for entry in run)
+    assert storage.last_add_confirmed(L1) == 5
+
+
 def test_a_run_whose_every_add_is_refused_leaves_no_ledger(storage: LedgerStorage) -> None:
     bad = [NewEntry(e, crc32c(body(L2, e)) ^ 1, body(L2, e), e - 1) for e in range(2)]
     told: list[int] = []

@@ -212,29 +212,23 @@ async def test_a_prepared_add_is_acknowledged_inside_the_receive_its_error_a_tur
 async def test_a_failing_acknowledgement_callback_does_not_lose_the_other_answers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with connected() as (bookie, connection):
-        acknowledged: list[int] = []
+    """The acks of one receive go to the writer together; when its callback raises, each is
+    told again alone, so that only the answer it fails on is lost."""
+    connection = by_hand()
 
-        class Failing(Answers):
-            def acknowledged(self, entry_ids: list[int]) -> None:
+    class FailingOnOne(Answers):
+        def acknowledged(self, entry_ids: list[int]) -> None:
+            if 1 in entry_ids:
                 raise RuntimeError("a bug in the writer")
+            super().acknowledged(entry_ids)
 
-        class Taking(Answers):
-            def acknowledged(self, entry_ids: list[int]) -> None:
-                acknowledged.extend(entry_ids)
-
-        bookie.hold = True
-        for i in range(3):
-            answers = Failing() if i == 1 else Taking()
-            connection.add_prepared(PreparedAdd.of(entry(LEDGER, i), KEY), answers)
-        await until(lambda: len(bookie.held) == 3)
-        bookie.release()
-        await until(lambda: len(acknowledged) == 2)
-        assert acknowledged == [0, 2]
-        assert not connection.closed
-        assert "acknowledgement callback failed" in caplog.text
-        bookie.hold = False
-        assert await connection.read(LEDGER, 2) == entry(LEDGER, 2)
+    answers = FailingOnOne()
+    for entry_id in range(3):
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, entry_id), KEY), answers)
+    receive(connection, b"".join(add_answer(i, i) for i in range(3)))
+    assert answers.calls == [[0], [2]]
+    assert not connection.closed
+    assert "acknowledgement callback failed" in caplog.text
 
 
 class Transport(asyncio.Transport):
@@ -255,6 +249,9 @@ class Transport(asyncio.Transport):
         return 0
 
     def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
         pass
 
 
@@ -285,6 +282,29 @@ async def test_the_acks_of_one_receive_reach_each_writer_together_in_their_order
     assert first.calls == [[1, 0], [4]]
     assert second.calls == [[2, 3]]
     assert all(receiving for _, _, receiving in first.told + second.told)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(add_answer(999, 0), id="never sent"),
+        pytest.param(add_answer(1, 7), id="another entry"),
+    ],
+)
+async def test_acks_received_ahead_of_a_bad_answer_are_told_before_it_closes(bad: bytes) -> None:
+    """An answer that cannot be trusted ends the connection; the acks of the same receive
+    ahead of it were taken from the pending table, and are told, not lost."""
+    connection = by_hand()
+    answers = Answers()
+    for entry_id in range(2):
+        connection.add_prepared(PreparedAdd.of(entry(LEDGER, entry_id), KEY), answers)
+    receive(connection, add_answer(0, 0) + bad)
+    assert connection.closed
+    assert answers.calls == [[0]]
+    await until(lambda: len(answers.told) == 2)
+    entry_id, error, _ = answers.told[1]
+    assert entry_id == 1
+    assert isinstance(error, BookieUnavailable)
 
 
 async def test_acks_taken_before_a_writer_closes_the_connection_are_still_told() -> None:

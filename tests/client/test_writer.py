@@ -265,6 +265,53 @@ async def test_answers_of_a_replaced_bookie_leave_no_unretrieved_exception(
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
+def adds_held(bookie: FakeBookie) -> int:
+    return sum(isinstance(request, AddRequest) for _, request in bookie.held)
+
+
+def held_adds(bookie: FakeBookie, entry_ids: list[int]) -> list[int]:
+    """The indexes in `bookie.held` of its held adds of these entries, in that order."""
+    where = {
+        request.entry_id: index
+        for index, (_, request) in enumerate(bookie.held)
+        if isinstance(request, AddRequest)
+    }
+    return [where[entry_id] for entry_id in entry_ids]
+
+
+async def test_a_replaced_bookies_late_acks_count_in_its_old_segment_only() -> None:
+    """After an ensemble change, the replaced bookie's acks of entries before the new
+    segment still count (the close waits for them), those of the new segment's entries do
+    not: only the newcomer's copy there completes the ack quorum."""
+    async with fake_cluster(4) as cluster, cluster.client(CONFIG) as client:
+        writer = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        first, victim, third = ensemble_of(cluster, writer)
+        (spare,) = set(cluster.bookies) - {first, victim, third}
+        victim.hold = spare.hold = True
+        assert await asyncio.gather(*(writer.append_nowait(b"%d" % i) for i in range(2))) == [0, 1]
+        first.hold = True  # from here on only the third acks at once: one short of AQ
+        later = [writer.append_nowait(b"%d" % i) for i in range(2, 6)]
+        await until(lambda: adds_held(victim) == 6)
+        victim.refuse = refusing_adds(TooManyRequests("overloaded"))
+        victim.release(held_adds(victim, [5]))  # replaced from entry 2, the LAC + 1, on
+        await until(lambda: adds_held(spare) == 4)
+        assert writer.metadata.metadata.segments[-1].first_entry_id == 2
+        victim.refuse = lambda request: None
+        victim.release(held_adds(victim, [0, 1, 2, 3, 4]))
+        victim.hold = False
+        connection = client.context.bookies.cached(victim.address)
+        assert connection is not None
+        await connection.read_lac(writer.ledger_id)  # answered after the acks before it
+        assert not any(future.done() for future in later)
+        spare.resume()
+        assert await asyncio.gather(*later) == [2, 3, 4, 5]
+        first.resume()
+        await writer.close()
+        assert await missing_bookies(cluster, writer) is None
+
+
 async def test_a_client_closed_after_its_writer_logs_no_failure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -101,28 +101,16 @@ class JournalStage(Generic[W]):
     def add_all(
         self, records: Sequence[tuple[bytes, bytes | memoryview]], waiter: W, others: W
     ) -> None:
-        """`add` each (head, body) in order, `waiter` on the last and `others` (the journal's
-        None) on the rest: the records of one receive, staged in one call."""
+        """`add` each (head, body) in order, `waiter` on the last and `others` (what stands
+        for no waiter) on the rest: the records of one receive, staged in one call."""
         last = len(records) - 1
-        buffer_size, file_size = self.buffer_size, self.file_size
         for index, (head, body) in enumerate(records):
             size = len(head) + len(body)
             current = self._current
             offset = current.start + current.filled
-            if offset + size > file_size and offset > self._header_size:
+            if offset + size > self.file_size and offset > self._header_size:
                 self._roll(current.file_id, offset)
-                current = self._current
-            filled = current.filled
-            if filled + size <= buffer_size:  # the usual case, without _copy's calls
-                memory, middle = current.memory, filled + len(head)
-                memory[filled:middle] = head
-                memory[middle : filled + size] = body
-                current.filled = filled + size
-                current.staged += size
-            else:
-                self._copy(head)
-                self._copy(body)
-                current = self._current
+            current = self._copy_record(head, body, size)
             current.waiters.append(waiter if index == last else others)
             current.ends.append(current.start + current.filled)
             self.queued_bytes += size
@@ -161,13 +149,24 @@ class JournalStage(Generic[W]):
         self._sealed.clear()
         self._spare.clear()
 
+    def _copy_record(self, head: bytes, body: bytes | memoryview, size: int) -> StagedBuffer[W]:
+        """Copy a record in (in place when the buffer has room, as it mostly has); returns
+        the buffer it ends in."""
+        current = self._current
+        filled = current.filled
+        if filled + size > self.buffer_size:
+            self._copy(head)
+            self._copy(body)
+            return self._current
+        middle = filled + len(head)
+        current.memory[filled:middle] = head
+        current.memory[middle : filled + size] = body
+        current.filled = filled + size
+        current.staged += size
+        return current
+
     def _copy(self, part: bytes | memoryview) -> None:
-        current, size = self._current, len(part)
-        if current.filled + size <= self.buffer_size:
-            current.memory[current.filled : current.filled + size] = part
-            current.filled += size
-            current.staged += size
-            return
+        """Copy a part in across buffers, sealing each one it fills."""
         rest = memoryview(part)
         while rest:
             current = self._current

@@ -445,12 +445,18 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._acknowledge(acks_to, acked)
 
     def _acknowledge(self, answers: AddAnswers | None, entry_ids: list[int]) -> bool:
-        """Tell `answers` of its acks; whether the connection is still open after."""
+        """Tell `answers` of its acks; whether the connection is still open after.
+
+        A callback that raises is told its acks again one at a time (a writer takes repeats
+        as nothing new), so that a bug with one answer loses no other."""
         if answers is not None:
-            try:  # a writer's callback fails alone: the other answers still count
+            try:
                 answers.acknowledged(entry_ids)
             except Exception:
                 log.exception("bookie %s: an add's acknowledgement callback failed", self.address)
+                for entry_id in entry_ids if len(entry_ids) > 1 else ():
+                    with contextlib.suppress(Exception):
+                        answers.acknowledged([entry_id])
         return self._failure is None
 
     def eof_received(self) -> None:

@@ -274,8 +274,9 @@ class LedgerWriter:
         self._connections = [None] * len(self._ensemble)
 
     def _on_acks(self, position: int, bookie: str, entry_ids: list[int]) -> None:
+        """The bookie at `position` has these entries: each counts where it still holds the
+        entry's copy by the metadata (an ensemble change may have replaced it since)."""
         if min(entry_ids) < self._segment_start or self._ensemble[position] != bookie:
-            # answers from a bookie replaced since no longer count
             entry_ids = [e for e in entry_ids if self._bookie_of(e, position) == bookie]
         if self._pending.ack_all(entry_ids, position):
             self._release()
@@ -283,7 +284,8 @@ class LedgerWriter:
             self._wake_if_settled()
 
     def _on_add_failed(self, position: int, bookie: str, entry_id: int, error: Exception) -> None:
-        if self._bookie_of(entry_id, position) == bookie:  # else replaced since
+        """The add failed at the bookie at `position`: replace it, unless it was already."""
+        if self._bookie_of(entry_id, position) == bookie:
             self._on_failure(entry_id, position, bookie, error)
 
     def _corrupt_here(self, entry_id: int, error: BadDigest) -> bool:

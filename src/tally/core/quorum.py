@@ -303,7 +303,8 @@ class PendingAdds:
         """`ack` of each entry in turn, in one call: a receive brings a bookie's answers
         to many entries at once. True when any of them leaves `release` work."""
         adds, lac, quorum = self._adds, self._lac, self.ack_quorum
-        bit = 1 << position if position >= 0 else 0  # _lookup refuses a negative one
+        # A negative position has no bit: it is never in a write set, and _lookup refuses it.
+        bit = 1 << position if position >= 0 else 0
         due = False
         for entry_id in entry_ids:
             add = adds.get(entry_id)
