@@ -454,7 +454,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 answers.acknowledged(entry_ids)
             except Exception:
                 log.exception("bookie %s: an add's acknowledgement callback failed", self.address)
-                for entry_id in entry_ids if len(entry_ids) > 1 else ():
+                for entry_id in entry_ids:
                     with contextlib.suppress(Exception):
                         answers.acknowledged([entry_id])
         return self._failure is None
