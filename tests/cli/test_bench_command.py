@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tally.cli.bench import BENCH_DIR, bench_scripts
+from tally.cli.bench import BENCH_DIR, bench_scripts, split_script_args
 
 
 def _tally(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,3 +66,24 @@ def test_etcd_peer_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr == "etcd and h2load not found: run scripts/ensure-etcd.sh\n"
     assert result.stdout == ""
+
+
+def test_options_after_a_double_dash_go_to_the_script() -> None:
+    """`tally bench NAME -- OPTIONS` runs the script with them: its own usage for --help,
+    and its usage error (exit 2, counted as a failed benchmark) for an option it lacks."""
+    helped = _tally("raw_replicated", "--", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--storage" in helped.stdout
+    refused = _tally("raw_replicated", "--", "--no-such-option")
+    assert refused.returncode == 1
+    assert "unrecognized arguments: --no-such-option" in refused.stderr
+    assert "raw_replicated" in refused.stdout
+
+
+def test_the_words_from_the_first_option_on_are_the_scripts() -> None:
+    assert split_script_args(["rereplication", "--mib", "1024"]) == (
+        ["rereplication"],
+        ["--mib", "1024"],
+    )
+    assert split_script_args(["client", "bookie"]) == (["client", "bookie"], [])
+    assert split_script_args(["--seconds", "3"]) == ([], ["--seconds", "3"])

@@ -46,10 +46,22 @@ def bench_scripts() -> dict[str, Path]:
     return {path.stem.removeprefix("bench_"): path for path in BENCH_DIR.glob("*.py")}
 
 
+def split_script_args(words: list[str]) -> tuple[list[str], list[str]]:
+    """The benchmarks named, and the options for their scripts: everything from the first
+    word that starts with `-` (click hands over what follows `--` as arguments)."""
+    for index, word in enumerate(words):
+        if word.startswith("-"):
+            return words[:index], words[index:]
+    return words, []
+
+
 def run(
     names: Annotated[
         list[str] | None,
-        typer.Argument(help="Benchmarks to run (default: the main ones); see --list."),
+        typer.Argument(
+            help="Benchmarks to run (default: the main ones); see --list. Options after "
+            "`--` go to each one's script: `tally bench rereplication -- --mib 1024`."
+        ),
     ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the benchmarks.")] = False,
 ) -> None:
@@ -66,7 +78,8 @@ def run(
             console.print("[red]no bench/ directory: run from a source checkout[/]")
             raise typer.Exit(2)
         return
-    chosen = names or DEFAULT
+    chosen, script_args = split_script_args(names or [])
+    chosen = chosen or DEFAULT
     unknown = [n for n in chosen if n not in available]
     if unknown:
         console.print(f"[red]unknown benchmark(s) {unknown}[/]; known: {', '.join(available)}")
@@ -77,7 +90,7 @@ def run(
         script = scripts[name]
         console.rule(f"[bold]{name}[/]: {DESCRIPTIONS.get(name, '')}")
         started = time.monotonic()
-        code = subprocess.run([sys.executable, str(script)], check=False).returncode
+        code = subprocess.run([sys.executable, str(script), *script_args], check=False).returncode
         failed |= code != 0
         results.add_row(name, str(code), f"{time.monotonic() - started:.0f}")
     console.print(results)
