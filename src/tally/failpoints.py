@@ -59,6 +59,7 @@ KNOWN = frozenset(
         "journal.write",
         "journal.fdatasync",
         "entry_log.write",
+        "entry_log.read",
         "index.batch",
         "checkpoint.after_flush",
         "checkpoint.before_mark",

@@ -161,6 +161,8 @@ def test_a_refused_value_from_a_file_names_the_file(tmp_path: Path) -> None:
             "receive_buffer_limit_bytes .*at least one frame of max_frame_size",
         ),
         ("TALLY_BOOKIE_RECEIVE_STALL_TIMEOUT", "0", "receive_stall_timeout .*more than 0 seconds"),
+        ("TALLY_BOOKIE_READ_THREADS", "-1", "read_threads .*must be in 0..256"),
+        ("TALLY_BOOKIE_READ_THREADS", "257", "read_threads .*must be in 0..256"),
         ("TALLY_BOOKIE_JOURNAL_RETRY_INTERVAL", "0", "journal_retry_interval .*more than 0"),
     ],
 )

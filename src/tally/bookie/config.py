@@ -29,6 +29,8 @@ from tally.core.errors import BadRequest, BadSetting
 from tally.core.scrub import ScrubPolicy
 from tally.metadata.store import DEFAULT_SESSION_TIMEOUT
 
+MAX_READ_THREADS = 256
+
 
 @dataclass(frozen=True)
 class BookieConfig:
@@ -133,6 +135,10 @@ class BookieConfig:
     """Seconds a bookie remembers a ledger it deleted because its tombstone said so (30
     days): while it does, a metadata recovery from the bookies never brings the ledger
     back, even from a copy on a bookie that was away when it was deleted."""
+    read_threads: int = 4
+    """Threads that read entries for READ and READ_ENTRIES (numReadWorkerThreads), so that
+    a read waiting on a slow disk stalls no add and no other read; 0: read on the event
+    loop, which then waits for every read."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     receive_buffer_limit_bytes: int = 64 * 1024**2
     """Bytes that frames begun and not yet complete may hold, over all connections (at
@@ -211,6 +217,11 @@ class BookieConfig:
             "scrub_rate_bytes",
         ):
             check(getattr(self, name) >= 0, name, "must not be negative")
+        check(
+            0 <= self.read_threads <= MAX_READ_THREADS,
+            "read_threads",
+            f"must be in 0..{MAX_READ_THREADS}",
+        )
         if self.metrics_port is not None:
             check(0 <= self.metrics_port < 65536, "metrics_port", "must be in 0..65535")
         check(

@@ -414,6 +414,7 @@ class EntryLog:
 
     def _pread(self, location: Location, ledger_id: LedgerId, entry_id: int) -> bytes:
         try:
+            failpoint("entry_log.read")
             return self._handles.pread(location.log_id, location.size, location.offset)
         except EntryUnreadable as error:
             raise EntryUnreadable(

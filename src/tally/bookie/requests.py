@@ -24,6 +24,7 @@ from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, kept_location
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_directories import BookieStorage
 from tally.bookie.metrics import BookieMetrics
+from tally.bookie.read_workers import ReadWorkers
 from tally.bookie.state_dump import state_records
 from tally.core import protocol
 from tally.core.admission import admit_add, admit_fencing_read, admit_write, admit_write_lac
@@ -60,9 +61,11 @@ class BookieRequestProcessor:
         *,
         keeps_entries: bool,
         max_frame_size: int,
+        reads: ReadWorkers[tuple[bytes, int]] | None = None,
         cookie: bytes = b"",
     ) -> None:
-        """`cookie`: the bookie's, as a dump WITH_STATE gives it."""
+        """`reads`: the threads entries are read on (None: read on the event loop);
+        `cookie`: the bookie's, as a dump WITH_STATE gives it."""
         self.bookie_id = bookie_id
         self.journal = journal
         self.storage = storage
@@ -71,6 +74,7 @@ class BookieRequestProcessor:
         self._keeps_entries = keeps_entries
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._max_frame_size = max_frame_size
+        self._reads = ReadWorkers[tuple[bytes, int]](0) if reads is None else reads
         self._cookie = cookie
         self._pending_fences: dict[LedgerId, asyncio.Future[JournalMark]] = {}
 
@@ -309,26 +313,37 @@ class BookieRequestProcessor:
 
     def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
         started = time.perf_counter()
-        ledger_id = request.ledger_id
-
-        def answer() -> None:
-            _, data = self.storage.get_entry(ledger_id, request.entry_id)
-            response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
-            self._ok(request, connection, response.encode())
-            self.metrics.read_entry_seconds.observe(time.perf_counter() - started)
-
+        answer = partial(
+            self._reads.run,
+            partial(self._read_entry, request),
+            partial(self._answer_read, request, connection, started),
+        )
         if request.master_key is None:
             answer()
             return
         self._fence(request, request.master_key, answer, connection)
 
+    def _read_entry(self, request: protocol.ReadRequest) -> tuple[bytes, int]:
+        """A READ's answer and its one entry (on a read worker)."""
+        ledger_id = request.ledger_id
+        _, data = self.storage.get_entry(ledger_id, request.entry_id)
+        response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
+        return response.encode(), 1
+
     def _read_entries(
         self, request: protocol.ReadEntriesRequest, connection: BookieConnectionHandler
     ) -> None:
-        """A prefix of the entries asked, up to `max_bytes` and a frame: it stops before the
-        first entry it cannot serve, which is answered alone with its error when it is the
-        first (the asker reads a later one alone to hear why)."""
         started = time.perf_counter()
+        self._reads.run(
+            partial(self._read_entry_run, request),
+            partial(self._answer_read, request, connection, started),
+        )
+
+    def _read_entry_run(self, request: protocol.ReadEntriesRequest) -> tuple[bytes, int]:
+        """A READ_ENTRIES' answer and how many entries it holds (on a read worker): a prefix
+        of the entries asked, up to `max_bytes` and a frame. It stops before the first entry
+        it cannot serve, which is answered alone with its error when it is the first (the
+        asker reads a later one alone to hear why)."""
         ledger_id = request.ledger_id
         get_entry = self.storage.get_entry
 
@@ -347,9 +362,23 @@ class BookieRequestProcessor:
         response = protocol.ReadEntriesResponse(
             request.request_id, ledger_id, request.entry_id, tuple(entries)
         )
-        self._ok(request, connection, response.encode(budget))
+        return response.encode(budget), len(entries)
+
+    def _answer_read(
+        self,
+        request: protocol.Request,
+        connection: BookieConnectionHandler,
+        started: float,
+        read: tuple[bytes, int] | Exception,
+    ) -> None:
+        """Send what a read worker read, or the error it met (on the event loop)."""
+        if isinstance(read, Exception):
+            self._raised(request, connection, read)
+            return
+        frame, entries = read
+        self._ok(request, connection, frame)
         elapsed = time.perf_counter() - started
-        self.metrics.read_entry_seconds.observe(elapsed / len(entries), len(entries))
+        self.metrics.read_entry_seconds.observe(elapsed / entries, entries)
 
     def _fence(
         self,

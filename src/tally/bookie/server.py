@@ -40,6 +40,7 @@ from tally.bookie.ledger_directories import LedgerDirectories
 from tally.bookie.ledger_placement import recorded_failures
 from tally.bookie.limbo import LimboWatch, describe
 from tally.bookie.metrics import BookieMetrics
+from tally.bookie.read_workers import ReadWorkers
 from tally.bookie.requests import BookieRequestProcessor
 from tally.bookie.scrubber_service import ScrubberService, ScrubberServices
 from tally.core import protocol
@@ -97,6 +98,7 @@ class Bookie:
         self._keeps_entries = False
         """Whether large entries stay in the journal (`keep_large_entries_in_journal`)."""
         self._requests: BookieRequestProcessor | None = None
+        self._reads: ReadWorkers[tuple[bytes, int]] | None = None
         self._gc: GarbageCollector | None = None
         self._scrubber: ScrubberServices | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -231,6 +233,7 @@ class Bookie:
             config.disk_usage_lwm_threshold,
             config.journal_retry_interval,
         )
+        self._reads = ReadWorkers(config.read_threads)
         self._requests = BookieRequestProcessor(
             self.bookie_id,
             self._journal,
@@ -239,6 +242,7 @@ class Bookie:
             DiskState(policy),
             keeps_entries=keep,
             max_frame_size=config.max_frame_size,
+            reads=self._reads,
             cookie=cookie.to_bytes(),
         )
         started = time.perf_counter()
@@ -384,6 +388,8 @@ class Bookie:
                 self._server.close()
                 for connection in list(self._connections):
                     connection.close()
+            if self._reads is not None:
+                await self._stop_step("its reads under way", asyncio.to_thread(self._reads.close))
             if self._journal is not None:
                 await self._stop_step("closing its journal", self._journal.close())
                 if self._storage is not None:
