@@ -9,6 +9,7 @@ real device. Entries reach an entry log through the last checkpoint of a clean s
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from pathlib import Path
@@ -46,13 +47,15 @@ async def _bookie_with_checkpointed(
     return bookie
 
 
-@pytest.mark.parametrize("read_threads", [4, 0])
+@pytest.mark.parametrize("read_threads", [4, 1, 0])
 async def test_a_read_slowed_by_its_disk_stalls_adds_only_when_read_on_the_loop(
     tmp_path: Path, read_threads: int
 ) -> None:
     """The read and the add leave in one write, the read first. With read threads the
-    add is acknowledged while the read still waits on the disk; read on the event loop
-    (`read_threads = 0`, as before), the add waits for the read."""
+    add is acknowledged, and the added entry read back from memory, while the read still
+    waits on the disk, even with its one read thread held by it (the entry in memory is
+    answered on the loop); read on the event loop (`read_threads = 0`), the add waits for
+    the read."""
     slow, busy = new_ledger(), new_ledger()
     bookie = await _bookie_with_checkpointed(
         tmp_path, slow, f"entry_log.read=delay({SLOW_READ})", read_threads
@@ -62,6 +65,7 @@ async def test_a_read_slowed_by_its_disk_stalls_adds_only_when_read_on_the_loop(
             read = asyncio.ensure_future(connection.read(slow, 0))
             started = time.monotonic()
             await connection.add(entry(busy, 0), KEY)
+            assert await connection.read(busy, 0) == entry(busy, 0)  # from the write cache
             add_seconds = time.monotonic() - started
             read_done_at_ack = read.done()
             assert await read == entry(slow, 0)
@@ -147,7 +151,64 @@ def test_without_threads_a_read_runs_where_it_is_asked() -> None:
 async def test_a_read_asked_once_the_workers_closed_is_answered_unavailable() -> None:
     workers = ReadWorkers[int](2)
     workers.close()
-    outcomes: list[int | Exception] = []
-    workers.run(lambda: 1, outcomes.append)
-    assert len(outcomes) == 1
-    assert isinstance(outcomes[0], BookieUnavailable)
+    outcome: asyncio.Future[int | Exception] = asyncio.get_running_loop().create_future()
+    workers.run(lambda: 1, outcome.set_result)
+    assert isinstance(await outcome, BookieUnavailable)
+
+
+async def test_the_reads_of_one_turn_are_shared_among_the_threads_and_each_answered() -> None:
+    """Ten reads asked in one turn go to the four threads in four shares, all at once (a
+    barrier holds each share's first read until four threads reach it)."""
+    workers = ReadWorkers[int](4)
+    barrier = threading.Barrier(4, timeout=10)
+    answers: dict[int, int | Exception] = {}
+    all_answered = asyncio.get_running_loop().create_future()
+
+    def read(n: int) -> int:
+        if n < 4:
+            barrier.wait()  # the first read of each share: n = 0..3
+        return n * n
+
+    def answered(n: int, outcome: int | Exception) -> None:
+        answers[n] = outcome
+        if len(answers) == 10:
+            all_answered.set_result(None)
+
+    try:
+        for n in range(10):
+            workers.run(functools.partial(read, n), functools.partial(answered, n))
+        await all_answered
+    finally:
+        workers.close()
+    assert answers == {n: n * n for n in range(10)}
+
+
+async def test_read_entries_in_memory_are_answered_while_the_read_thread_waits_on_disk(
+    tmp_path: Path,
+) -> None:
+    """READ_ENTRIES whose first entry is in memory is answered from the loop, as far as
+    the entries in memory go; one whose first is on the slow disk waits its turn there."""
+    ledger_id = new_ledger()
+    bookie = await _bookie_with_checkpointed(
+        tmp_path, ledger_id, f"entry_log.read=delay({SLOW_READ})", read_threads=1
+    )
+    try:
+        async with connected(bookie.address) as connection:
+            for entry_id in (2, 3):  # entries 0 and 1 are in an entry log, these in memory
+                await connection.add(entry(ledger_id, entry_id), KEY)
+            from_disk = asyncio.ensure_future(
+                connection.read_entries(ledger_id, [0, 1, 2], 1 << 20)
+            )
+            await until(lambda: "failpoint entry_log.read: delay" in bookie.log(), "the slow read")
+            assert await connection.read_entries(ledger_id, [2, 3], 1 << 20) == (
+                entry(ledger_id, 2),
+                entry(ledger_id, 3),
+            )
+            assert not from_disk.done(), "the read from memory waited for the one on disk"
+            assert await from_disk == (
+                entry(ledger_id, 0),
+                entry(ledger_id, 1),
+                entry(ledger_id, 2),
+            )
+    finally:
+        assert await asyncio.to_thread(bookie.stop) == 0

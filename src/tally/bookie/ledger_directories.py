@@ -411,6 +411,9 @@ class LedgerDirectories:
             self._disk_error(directory, error)
             raise
 
+    def cached_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, EntryBytes] | None:
+        return self._reading(ledger_id)[1].cached_entry(ledger_id, entry_id)
+
     def holds_intact(self, ledger_id: LedgerId, entry_id: int, crc32c: int) -> bool:
         """As LedgerStorage's: in the ledger's directory (False in a failed one)."""
         directory = self._placement.get(ledger_id)

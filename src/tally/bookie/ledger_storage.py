@@ -483,11 +483,7 @@ class LedgerStorage:
             entry_id = self._last_entry(ledger_id)
         else:
             _check_entry_id(entry_id, ledger_id)
-        with self._lock:
-            stored = self._cache.get(ledger_id, entry_id)
-            if stored is None and self._flushing is not None:
-                stored = self._flushing.get(ledger_id, entry_id)
-            self._counters.entries_read += 1
+        stored = self._from_memory(ledger_id, entry_id, counted=True)
         if stored is not None:
             return stored
         try:
@@ -517,6 +513,26 @@ class LedgerStorage:
             raise
         self._check_negative(ledger_id, f"entry {entry_id} of ledger {ledger_id}")
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
+
+    def cached_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, EntryBytes] | None:
+        """`get_entry`'s answer if the entry is in memory (the write cache, or the cache a
+        checkpoint is writing out), without touching a disk; None otherwise."""
+        _check_ledger_id(ledger_id)
+        _check_entry_id(entry_id, ledger_id)
+        return self._from_memory(ledger_id, entry_id, counted=False)
+
+    def _from_memory(
+        self, ledger_id: LedgerId, entry_id: int, *, counted: bool
+    ) -> tuple[int, EntryBytes] | None:
+        """The entry from the caches; a read is counted if `counted` or it was found (a
+        miss is then counted by the read from disk that follows)."""
+        with self._lock:
+            stored = self._cache.get(ledger_id, entry_id)
+            if stored is None and self._flushing is not None:
+                stored = self._flushing.get(ledger_id, entry_id)
+            if counted or stored is not None:
+                self._counters.entries_read += 1
+        return stored
 
     def holds_intact(self, ledger_id: LedgerId, entry_id: int, crc32c: int) -> bool:
         """Whether a recovery add of the entry, of this CRC32C, may be acknowledged without

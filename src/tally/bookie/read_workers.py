@@ -24,33 +24,48 @@ Then = Callable[[T | Exception], None]
 
 class ReadWorkers(Generic[T]):
     """Runs reads on `threads` threads and hands each outcome back to the event loop; with
-    no threads (`read_threads = 0`), runs each at once where it is asked, on the loop."""
+    no threads (`read_threads = 0`), runs each at once where it is asked, on the loop.
+
+    The reads asked in one turn of the loop go to the threads together, split among them:
+    a hand-off to a thread and back costs about as much CPU as a read from the page cache
+    (docs/benchmarks.md, bench_reads), so a reader's many reads share a few."""
 
     def __init__(self, threads: int) -> None:
+        self._threads = threads
         self._pool = (
             ThreadPoolExecutor(threads, thread_name_prefix="bookie-read") if threads else None
         )
+        self._asked: list[tuple[Callable[[], T], Then[T]]] = []
+        """The reads asked this turn, handed to the threads at its end."""
 
     def run(self, read: Callable[[], T], then: Then[T]) -> None:
         """Call `read` on a worker, then `then` on the event loop (this one, running)."""
         if self._pool is None:
-            try:
-                result = read()
-            except Exception as error:
-                then(error)
-            else:
-                then(result)
+            then(_outcome(read))
             return
+        self._asked.append((read, then))
+        if len(self._asked) == 1:
+            asyncio.get_running_loop().call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        asked, self._asked = self._asked, []
+        shares = min(self._threads, len(asked))
+        for share in (asked[i::shares] for i in range(shares)):
+            self._submit(share)
+
+    def _submit(self, share: list[tuple[Callable[[], T], Then[T]]]) -> None:
+        assert self._pool is not None
         loop = asyncio.get_running_loop()
 
-        def read_ended(done: Future[T]) -> None:
+        def read_ended(done: Future[list[T | Exception]]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
-                loop.call_soon_threadsafe(_settle, done, then)
+                loop.call_soon_threadsafe(_settle, done, share)
 
         try:
-            future = self._pool.submit(read)
+            future = self._pool.submit(_read_all, [read for read, _ in share])
         except RuntimeError:  # closed: a fencing read's fence became durable as it stopped
-            then(BookieUnavailable("the bookie is stopping"))
+            for _, then in share:
+                then(BookieUnavailable("the bookie is stopping"))
             return
         future.add_done_callback(read_ended)
 
@@ -60,13 +75,21 @@ class ReadWorkers(Generic[T]):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _settle(done: Future[T], then: Then[T]) -> None:
+def _outcome(read: Callable[[], T]) -> T | Exception:
+    try:
+        return read()
+    except Exception as error:
+        return error
+
+
+def _read_all(reads: list[Callable[[], T]]) -> list[T | Exception]:
+    return [_outcome(read) for read in reads]
+
+
+def _settle(
+    done: Future[list[T | Exception]], share: list[tuple[Callable[[], T], Then[T]]]
+) -> None:
     if done.cancelled():
         return  # the bookie is stopping: its connections are closed
-    error = done.exception()
-    if error is None:
-        then(done.result())
-    elif isinstance(error, Exception):
-        then(error)
-    else:
-        raise error  # SystemExit and the like are not a read's answer
+    for (_, then), outcome in zip(share, done.result(), strict=True):
+        then(outcome)

@@ -23,6 +23,7 @@ from tally.bookie.journal import Journal
 from tally.bookie.journal_entries import KEPT_ENTRY_SIZE, kept_location
 from tally.bookie.journal_format import JournalMark
 from tally.bookie.ledger_directories import BookieStorage
+from tally.bookie.ledger_storage import LAST_ENTRY
 from tally.bookie.metrics import BookieMetrics
 from tally.bookie.read_workers import ReadWorkers
 from tally.bookie.state_dump import state_records
@@ -313,39 +314,62 @@ class BookieRequestProcessor:
 
     def _read(self, request: protocol.ReadRequest, connection: BookieConnectionHandler) -> None:
         started = time.perf_counter()
-        answer = partial(
-            self._reads.run,
-            partial(self._read_entry, request),
-            partial(self._answer_read, request, connection, started),
-        )
+        answer = partial(self._serve_read, request, connection, started)
         if request.master_key is None:
             answer()
             return
         self._fence(request, request.master_key, answer, connection)
 
+    def _serve_read(
+        self, request: protocol.ReadRequest, connection: BookieConnectionHandler, started: float
+    ) -> None:
+        """An entry in memory is answered at once; one on a disk is read on a read worker."""
+        answered = partial(self._answer_read, request, connection, started)
+        if request.entry_id != LAST_ENTRY:
+            stored = self.storage.cached_entry(request.ledger_id, request.entry_id)
+            if stored is not None:
+                answered(_read_response(request, stored[1]))
+                return
+        self._reads.run(partial(self._read_entry, request), answered)
+
     def _read_entry(self, request: protocol.ReadRequest) -> tuple[bytes, int]:
         """A READ's answer and its one entry (on a read worker)."""
-        ledger_id = request.ledger_id
-        _, data = self.storage.get_entry(ledger_id, request.entry_id)
-        response = protocol.ReadResponse(request.request_id, ledger_id, request.entry_id, data)
-        return response.encode(), 1
+        return _read_response(
+            request, self.storage.get_entry(request.ledger_id, request.entry_id)[1]
+        )
 
     def _read_entries(
         self, request: protocol.ReadEntriesRequest, connection: BookieConnectionHandler
     ) -> None:
+        """The entries in memory from the first asked are answered at once; if the first is
+        on a disk, the request is read on a read worker."""
         started = time.perf_counter()
-        self._reads.run(
-            partial(self._read_entry_run, request),
-            partial(self._answer_read, request, connection, started),
-        )
+        answered = partial(self._answer_read, request, connection, started)
+        try:
+            answer = self._read_entry_run(request, self._in_memory)
+        except _OnDisk:
+            self._reads.run(
+                partial(self._read_entry_run, request, self.storage.get_entry), answered
+            )
+            return
+        answered(answer)
 
-    def _read_entry_run(self, request: protocol.ReadEntriesRequest) -> tuple[bytes, int]:
-        """A READ_ENTRIES' answer and how many entries it holds (on a read worker): a prefix
-        of the entries asked, up to `max_bytes` and a frame. It stops before the first entry
-        it cannot serve, which is answered alone with its error when it is the first (the
-        asker reads a later one alone to hear why)."""
+    def _in_memory(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, protocol.EntryBytes]:
+        stored = self.storage.cached_entry(ledger_id, entry_id)
+        if stored is None:
+            raise _OnDisk(f"entry {entry_id} of ledger {ledger_id} is not in memory")
+        return stored
+
+    def _read_entry_run(
+        self,
+        request: protocol.ReadEntriesRequest,
+        get_entry: Callable[[LedgerId, int], tuple[int, protocol.EntryBytes]],
+    ) -> tuple[bytes, int]:
+        """A READ_ENTRIES' answer and how many entries it holds: a prefix of the entries
+        asked, up to `max_bytes` and a frame. It stops before the first entry it cannot
+        serve, which is answered alone with its error when it is the first (the asker
+        reads a later one alone to hear why)."""
         ledger_id = request.ledger_id
-        get_entry = self.storage.get_entry
 
         def read() -> Iterator[protocol.EntryBytes]:
             for position, entry_id in enumerate(request.entry_ids):
@@ -541,6 +565,16 @@ class BookieRequestProcessor:
         protocol.LedgerInfoRequest: _ledger_info,
         protocol.AvailabilityDumpRequest: _dump,
     }
+
+
+class _OnDisk(TallyError):
+    """An entry a read on the event loop would have to read from a disk."""
+
+
+def _read_response(request: protocol.ReadRequest, data: protocol.EntryBytes) -> tuple[bytes, int]:
+    """A READ's answer, and its one entry."""
+    response = protocol.ReadResponse(request.request_id, request.ledger_id, request.entry_id, data)
+    return response.encode(), 1
 
 
 def _add_run(requests: list[protocol.Request], start: int) -> list[protocol.AddRequest]:

@@ -1,0 +1,208 @@
+"""Measure what a bookie's read threads cost and what they buy, with `read_threads` 4 (the
+default) and 0 (reads on the event loop) in the same run, beside the raw request/reply
+rate over loopback measured in the same run.
+
+Three `tally bookie` processes on loopback, a sqlite metadata store, one `tally.Client` in
+this process. For each setting:
+
+- catch-up reads: a closed E=3 WQ=2 AQ=2 ledger of 1 KiB entries, written, its bookies
+  restarted (their last checkpoint puts every entry in an entry log), then read back in
+  order by one reader (`max_outstanding_reads`, 64, in flight, a READ each): entries/s and
+  the CPU per entry of the client and of the bookies together;
+- a writer beside a slow disk: 1 KiB adds, 1,000 in flight, on a new E=3 WQ=3 AQ=2 ledger,
+  alone and then while a reader reads such a closed ledger from bookies whose every
+  entry-log read takes SLOW_READ seconds more (the `entry_log.read` failpoint: this
+  kernel has no device-mapper to slow a real device). Its adds/s during / alone is what a
+  disk turning slow costs the writes of every other ledger of its bookies.
+
+    python bench/bench_reads.py [--dir D] [--entries N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.processes import BookieProcess, init_cluster  # noqa: E402
+
+from bench_client import PASSWORD, cpu_seconds, windowed  # noqa: E402
+from raw_socket import request_reply_rate  # noqa: E402
+from tally.client.client import Client  # noqa: E402
+from tally.core.ids import LedgerId  # noqa: E402
+
+KIB = 1 << 10
+ENTRY_SIZE = KIB
+BOOKIES = 3
+WINDOW = 1_000
+SLOW_READ = 0.005
+"""Seconds the slowed disk adds to each entry-log read: a disk retrying, not yet failed."""
+SETTINGS = (4, 0)
+"""The `read_threads` compared: the default, and reads on the event loop."""
+
+
+@contextlib.contextmanager
+def cluster(scratch: Path, read_threads: int) -> Iterator[tuple[str, list[BookieProcess]]]:
+    """BOOKIES bookie processes with `read_threads`, on a new cluster under `scratch`."""
+    metadata = init_cluster(scratch)
+    env = {"TALLY_BOOKIE_READ_THREADS": str(read_threads)}
+    bookies: list[BookieProcess] = []
+    try:
+        for i in range(BOOKIES):
+            bookies.append(BookieProcess(metadata, scratch / f"bookie-{i}", env=env).start())
+        yield metadata, bookies
+    finally:
+        for bookie in bookies:
+            bookie.stop()
+
+
+def restart(bookies: Sequence[BookieProcess], failpoints: str = "") -> list[int]:
+    """Stop the bookies (a last checkpoint each: every entry in an entry log) and start them
+    again, with `failpoints` set; their new pids."""
+    for bookie in bookies:
+        bookie.stop()
+    for bookie in bookies:
+        bookie.env = {**bookie.env, "TALLY_FAILPOINTS": failpoints}
+        bookie.start()
+    return [bookie.process.pid for bookie in bookies if bookie.process is not None]
+
+
+async def write_closed(metadata: str, entries: int) -> LedgerId:
+    """A closed E3 WQ2 AQ2 ledger of `entries` 1 KiB entries."""
+    payload = os.urandom(ENTRY_SIZE)
+    async with Client(metadata) as client:
+        writer = await client.create_ledger(
+            ensemble_size=3, write_quorum=2, ack_quorum=2, password=PASSWORD
+        )
+        window: list[asyncio.Future[int]] = []
+        for _ in range(entries):
+            window.append(writer.append_nowait(payload))
+            if len(window) >= WINDOW:
+                await asyncio.gather(*window)
+                window.clear()
+        await asyncio.gather(*window)
+        await writer.close()
+        return writer.ledger_id
+
+
+async def read_back(client: Client, ledger_id: LedgerId, pids: Sequence[int]) -> dict[str, float]:
+    """Entries/s of one reader over the whole ledger, and the CPU per entry."""
+    reader = await client.open_ledger(ledger_id, password=PASSWORD, recovery=False)
+    started, cpu, bookie_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pids)
+    count = 0
+    async for _ in reader.read(0, reader.last_entry_id):
+        count += 1
+    seconds = time.perf_counter() - started
+    return {
+        "entries_per_s": count / seconds,
+        "client_us": (time.process_time() - cpu) / count * 1e6,
+        "bookies_us": (cpu_seconds(pids) - bookie_cpu) / count * 1e6,
+    }
+
+
+async def writer_beside_reads(
+    metadata: str, ledger_id: LedgerId, seconds: float, pids: Sequence[int]
+) -> dict[str, float]:
+    """A writer's adds/s alone, then while one reader reads `ledger_id` over and over."""
+    payload = os.urandom(ENTRY_SIZE)
+    async with Client(metadata) as client:
+        writer = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD
+        )
+        alone = await windowed(writer, payload, WINDOW, seconds, pids)
+        reader = await client.open_ledger(ledger_id, password=PASSWORD, recovery=False)
+        reads = 0
+
+        async def read_on() -> None:
+            nonlocal reads
+            while True:
+                async for _ in reader.read(0, reader.last_entry_id):
+                    reads += 1
+
+        reading = asyncio.create_task(read_on())
+        try:
+            during = await windowed(writer, payload, WINDOW, seconds, pids)
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+        await writer.close()
+    return {
+        "alone": alone.adds_per_s,
+        "during": during.adds_per_s,
+        "reads_per_s": reads / (seconds * 1.1),
+    }
+
+
+def measure(scratch: Path, read_threads: int, entries: int, seconds: float) -> dict[str, float]:
+    with cluster(scratch / f"catch-up-{read_threads}", read_threads) as (metadata, bookies):
+        ledger_id = asyncio.run(write_closed(metadata, entries))
+        pids = restart(bookies)
+
+        async def catch_up() -> dict[str, float]:
+            async with Client(metadata) as client:
+                return await read_back(client, ledger_id, pids)
+
+        figures = asyncio.run(catch_up())
+    with cluster(scratch / f"slow-{read_threads}", read_threads) as (metadata, bookies):
+        ledger_id = asyncio.run(write_closed(metadata, entries // 4))
+        pids = restart(bookies, f"entry_log.read=delay({SLOW_READ})")
+        figures |= asyncio.run(writer_beside_reads(metadata, ledger_id, seconds, pids))
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (temp)")
+    parser.add_argument("--entries", type=int, default=20_000, help="entries read back")
+    parser.add_argument("--seconds", type=float, default=4.0, help="each writer window")
+    args = parser.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-reads-", dir=args.dir))
+    print(f"scratch {scratch}, python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    try:
+        raw_rate = request_reply_rate(args.seconds * 0.75)
+        results = {n: measure(scratch, n, args.entries, args.seconds) for n in SETTINGS}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print()
+    print("| figure | read_threads = 4 | read_threads = 0 | 4 / 0 |")
+    print("|---|---|---|---|")
+    on, off = results[4], results[0]
+    print(
+        f"| catch-up reads, 1 KiB, 64 in flight: entries/s | {on['entries_per_s']:,.0f} | "
+        f"{off['entries_per_s']:,.0f} | {on['entries_per_s'] / off['entries_per_s']:.2f} |"
+    )
+    print(
+        f"| the same: CPU per entry, client / bookies | {on['client_us']:.0f} / "
+        f"{on['bookies_us']:.0f} us | {off['client_us']:.0f} / {off['bookies_us']:.0f} us | "
+        f"{on['bookies_us'] / off['bookies_us']:.2f} (bookies) |"
+    )
+    print(
+        f"| reference: raw request/reply over loopback, 100 B, 1,000 in flight | "
+        f"{raw_rate:,.0f}/s | | |"
+    )
+    for name, key in (("alone", "alone"), ("beside a reader of a slow disk", "during")):
+        print(
+            f"| a writer's 1 KiB adds/s (E3 WQ3 AQ2, 1,000 in flight), {name} | "
+            f"{on[key]:,.0f} | {off[key]:,.0f} | {on[key] / off[key]:.2f} |"
+        )
+    print(
+        f"| the writer beside the slow reads / alone (each entry-log read {SLOW_READ * 1e3:g} "
+        f"ms slower) | {on['during'] / on['alone']:.2f} ({on['reads_per_s']:,.0f} reads/s) | "
+        f"{off['during'] / off['alone']:.2f} ({off['reads_per_s']:,.0f} reads/s) | |"
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
