@@ -1,5 +1,5 @@
-"""Measure what a bookie's read threads cost and what they buy, with `read_threads` 4 (the
-default) and 0 (reads on the event loop) in the same run, beside the raw request/reply
+"""Measure what a bookie's read threads cost and what they buy, with `read_threads` 1 (the
+default), 4, and 0 (reads on the event loop) in the same run, beside the raw request/reply
 rate over loopback measured in the same run.
 
 Three `tally bookie` processes on loopback, a sqlite metadata store, one `tally.Client` in
@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,8 +47,8 @@ BOOKIES = 3
 WINDOW = 1_000
 SLOW_READ = 0.005
 """Seconds the slowed disk adds to each entry-log read: a disk retrying, not yet failed."""
-SETTINGS = (4, 0)
-"""The `read_threads` compared: the default, and reads on the event loop."""
+SETTINGS = (1, 4, 0)
+"""The `read_threads` compared: the default, more, and reads on the event loop (last)."""
 
 
 @contextlib.contextmanager
@@ -175,31 +175,43 @@ def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print()
-    print("| figure | read_threads = 4 | read_threads = 0 | 4 / 0 |")
-    print("|---|---|---|---|")
-    on, off = results[4], results[0]
-    print(
-        f"| catch-up reads, 1 KiB, 64 in flight: entries/s | {on['entries_per_s']:,.0f} | "
-        f"{off['entries_per_s']:,.0f} | {on['entries_per_s'] / off['entries_per_s']:.2f} |"
+    on = [results[n] for n in SETTINGS[:-1]]
+    off = results[0]
+    heads = " | ".join(f"read_threads = {n}" for n in SETTINGS)
+    ratios = " | ".join(f"{n} / 0" for n in SETTINGS[:-1])
+    print(f"| figure | {heads} | {ratios} |")
+    print("|---" * (len(SETTINGS) * 2) + "|")
+
+    def line(figure: str, shown: Callable[[dict[str, float]], str], key: str) -> None:
+        values = " | ".join(shown(results[n]) for n in SETTINGS)
+        against = " | ".join(f"{r[key] / off[key]:.2f}" for r in on)
+        print(f"| {figure} | {values} | {against} |")
+
+    line(
+        "catch-up reads, 1 KiB, 64 in flight: entries/s",
+        lambda r: f"{r['entries_per_s']:,.0f}",
+        "entries_per_s",
+    )
+    line(
+        "the same: CPU per entry, client / bookies (ratio: bookies)",
+        lambda r: f"{r['client_us']:.0f} / {r['bookies_us']:.0f} us",
+        "bookies_us",
+    )
+    line(
+        "a writer's 1 KiB adds/s (E3 WQ3 AQ2, 1,000 in flight), alone",
+        lambda r: f"{r['alone']:,.0f}",
+        "alone",
+    )
+    line(
+        f"the same beside a reader whose every entry-log read is {SLOW_READ * 1e3:g} ms slower",
+        lambda r: (
+            f"{r['during']:,.0f} ({r['during'] / r['alone']:.2f} of alone; "
+            f"{r['reads_per_s']:,.0f} reads/s)"
+        ),
+        "during",
     )
     print(
-        f"| the same: CPU per entry, client / bookies | {on['client_us']:.0f} / "
-        f"{on['bookies_us']:.0f} us | {off['client_us']:.0f} / {off['bookies_us']:.0f} us | "
-        f"{on['bookies_us'] / off['bookies_us']:.2f} (bookies) |"
-    )
-    print(
-        f"| reference: raw request/reply over loopback, 100 B, 1,000 in flight | "
-        f"{raw_rate:,.0f}/s | | |"
-    )
-    for name, key in (("alone", "alone"), ("beside a reader of a slow disk", "during")):
-        print(
-            f"| a writer's 1 KiB adds/s (E3 WQ3 AQ2, 1,000 in flight), {name} | "
-            f"{on[key]:,.0f} | {off[key]:,.0f} | {on[key] / off[key]:.2f} |"
-        )
-    print(
-        f"| the writer beside the slow reads / alone (each entry-log read {SLOW_READ * 1e3:g} "
-        f"ms slower) | {on['during'] / on['alone']:.2f} ({on['reads_per_s']:,.0f} reads/s) | "
-        f"{off['during'] / off['alone']:.2f} ({off['reads_per_s']:,.0f} reads/s) | |"
+        f"\nreference: raw request/reply over loopback, 100 B, 1,000 in flight: {raw_rate:,.0f}/s"
     )
     return results
 

@@ -135,10 +135,13 @@ class BookieConfig:
     """Seconds a bookie remembers a ledger it deleted because its tombstone said so (30
     days): while it does, a metadata recovery from the bookies never brings the ledger
     back, even from a copy on a bookie that was away when it was deleted."""
-    read_threads: int = 4
-    """Threads that read entries for READ and READ_ENTRIES (numReadWorkerThreads), so that
-    a read waiting on a slow disk stalls no add and no other read; 0: read on the event
-    loop, which then waits for every read."""
+    read_threads: int = 1
+    """Threads that read entries from the disks for READ and READ_ENTRIES
+    (numReadWorkerThreads), so that a read waiting on a slow disk stalls no add; entries in
+    memory are answered on the event loop. One by default: here a second made a repair no
+    faster, and more reads at once cost a writer beside a repair more (docs/benchmarks.md,
+    bench_reads); disks that serve many reads at once may want more. 0: every read on the
+    event loop, which then waits for each."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     receive_buffer_limit_bytes: int = 64 * 1024**2
     """Bytes that frames begun and not yet complete may hold, over all connections (at
