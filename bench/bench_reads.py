@@ -10,10 +10,12 @@ this process. For each setting:
   order by one reader (`max_outstanding_reads`, 64, in flight, a READ each): entries/s and
   the CPU per entry of the client and of the bookies together;
 - a writer beside a slow disk: 1 KiB adds, 1,000 in flight, on a new E=3 WQ=3 AQ=2 ledger,
-  alone and then while a reader reads such a closed ledger from bookies whose every
-  entry-log read takes SLOW_READ seconds more (the `entry_log.read` failpoint: this
-  kernel has no device-mapper to slow a real device). Its adds/s during / alone is what a
-  disk turning slow costs the writes of every other ledger of its bookies.
+  alone and then while a reader reads random entries of such a closed ledger (16 at once)
+  from bookies whose every entry-log read from the disk takes SLOW_READ seconds more (the
+  `entry_log.read` failpoint: this kernel has no device-mapper to slow a real device),
+  the entry logs' pages evicted from the page cache every 20 ms (a disk bigger than
+  memory). Its adds/s during / alone is what a disk turning slow costs the writes of every
+  other ledger of its bookies.
 
     python bench/bench_reads.py [--dir D] [--entries N] [--seconds S]
 """
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -34,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.support.page_cache import drop_page_cache  # noqa: E402
 from tests.support.processes import BookieProcess, init_cluster  # noqa: E402
 
 from bench_client import PASSWORD, cpu_seconds, windowed  # noqa: E402
@@ -47,6 +51,8 @@ BOOKIES = 3
 WINDOW = 1_000
 SLOW_READ = 0.005
 """Seconds the slowed disk adds to each entry-log read: a disk retrying, not yet failed."""
+READS_IN_FLIGHT = 16
+EVICT_EVERY = 0.02
 SETTINGS = (1, 4, 0)
 """The `read_threads` compared: the default, more, and reads on the event loop (last)."""
 
@@ -111,9 +117,15 @@ async def read_back(client: Client, ledger_id: LedgerId, pids: Sequence[int]) ->
 
 
 async def writer_beside_reads(
-    metadata: str, ledger_id: LedgerId, seconds: float, pids: Sequence[int]
+    metadata: str,
+    ledger_id: LedgerId,
+    seconds: float,
+    pids: Sequence[int],
+    ledger_dirs: Sequence[Path],
 ) -> dict[str, float]:
-    """A writer's adds/s alone, then while one reader reads `ledger_id` over and over."""
+    """A writer's adds/s alone, then while a reader reads random entries of `ledger_id`,
+    READS_IN_FLIGHT at once, from a disk bigger than memory: the entry logs' pages are
+    evicted from the page cache every EVICT_EVERY seconds, so most reads wait for it."""
     payload = os.urandom(ENTRY_SIZE)
     async with Client(metadata) as client:
         writer = await client.create_ledger(
@@ -126,16 +138,25 @@ async def writer_beside_reads(
         async def read_on() -> None:
             nonlocal reads
             while True:
-                async for _ in reader.read(0, reader.last_entry_id):
-                    reads += 1
+                await reader.read_entry(random.randint(0, reader.last_entry_id))
+                reads += 1
 
-        reading = asyncio.create_task(read_on())
+        logs = [log for directory in ledger_dirs for log in directory.rglob("*.log")]
+
+        async def evict_on() -> None:
+            while True:
+                for log in logs:
+                    drop_page_cache(log)
+                await asyncio.sleep(EVICT_EVERY)
+
+        background = [asyncio.create_task(read_on()) for _ in range(READS_IN_FLIGHT)]
+        background.append(asyncio.create_task(evict_on()))
         try:
             during = await windowed(writer, payload, WINDOW, seconds, pids)
         finally:
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reading
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
         await writer.close()
     return {
         "alone": alone.adds_per_s,
@@ -157,7 +178,8 @@ def measure(scratch: Path, read_threads: int, entries: int, seconds: float) -> d
     with cluster(scratch / f"slow-{read_threads}", read_threads) as (metadata, bookies):
         ledger_id = asyncio.run(write_closed(metadata, entries // 4))
         pids = restart(bookies, f"entry_log.read=delay({SLOW_READ})")
-        figures |= asyncio.run(writer_beside_reads(metadata, ledger_id, seconds, pids))
+        dirs = [bookie.data_dir / "ledgers" for bookie in bookies]
+        figures |= asyncio.run(writer_beside_reads(metadata, ledger_id, seconds, pids, dirs))
     return figures
 
 

@@ -747,3 +747,42 @@ def test_a_metadata_copy_is_written_again_after_a_failed_checkpoint(
     storage.checkpoint(b"mark")
     storage = reopen(storage)
     assert storage.metadata_copy(L1) == copy
+
+
+def test_an_entry_is_answered_without_waiting_only_from_memory_or_the_page_cache(
+    storage: LedgerStorage,
+) -> None:
+    """`cached_entry` is what the event loop may answer with (no disk wait): the write
+    cache, or an entry log's pages the page cache holds; None sends the read to a thread."""
+    from tests.support.page_cache import drop_page_cache  # (a child runs this file alone)
+
+    data = add(storage, L1, 0)
+    assert storage.cached_entry(L1, 0) == (crc32c(data), data)
+    storage.checkpoint(b"mark-1")
+    drop_page_cache(storage.directory)
+    assert storage.cached_entry(L1, 0) is None
+    assert storage.get_entry(L1, 0) == (crc32c(data), data)  # waits for the disk
+    assert storage.cached_entry(L1, 0) == (crc32c(data), data)  # its pages now cached
+    assert storage.cached_entry(L1, 1) is None
+    with pytest.raises(NoSuchEntry):
+        storage.get_entry(L1, 1)
+
+
+def test_a_corrupt_copy_is_never_answered_without_waiting(storage: LedgerStorage) -> None:
+    """A cached page whose record fails its check is left to `get_entry`, which refuses it
+    and marks it; a marked copy is not read without waiting either, even if it reads back
+    intact (it stays marked until a repair writes over it)."""
+    data = add(storage, L1, 0, version=3)
+    storage.checkpoint(b"mark-1")
+    (log,) = [p for p in storage.directory.rglob("*.log") if data in p.read_bytes()]
+    content = bytearray(log.read_bytes())
+    content[content.index(data)] ^= 0x01
+    log.write_bytes(bytes(content))  # through the page cache: its pages now hold the flip
+    assert storage.cached_entry(L1, 0) is None
+    with pytest.raises(EntryUnreadable):
+        storage.get_entry(L1, 0)
+    content[content.index(data[1:]) - 1] ^= 0x01
+    log.write_bytes(bytes(content))  # mended behind the bookie's back: still marked
+    assert storage.cached_entry(L1, 0) is None
+    with pytest.raises(EntryUnreadable, match="found corrupt"):
+        storage.get_entry(L1, 0)

@@ -3,7 +3,8 @@ loop: adds to other ledgers are answered meanwhile (BookKeeper's read worker thr
 
 The slow disk is the `entry_log.read` failpoint's delay before each entry-log read, in a
 real bookie process: this kernel has no device-mapper, whose delay target would slow a
-real device. Entries reach an entry log through the last checkpoint of a clean stop.
+real device. Entries reach an entry log through the last checkpoint of a clean stop, and
+leave the page cache before the reads (one served from it would not wait for the disk).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tally.bookie.read_workers import ReadWorkers
 from tally.core.errors import BookieUnavailable, EntryUnreadable
 from tally.core.ids import LedgerId
 from tests.bookie.conftest import KEY, connected, entry, new_ledger
+from tests.support.page_cache import drop_page_cache
 from tests.support.polling import until
 from tests.support.processes import BookieProcess, init_cluster
 
@@ -42,6 +44,7 @@ async def _bookie_with_checkpointed(
         for entry_id in (0, 1):
             await connection.add(entry(ledger_id, entry_id), KEY)
     assert await asyncio.to_thread(bookie.stop) == 0  # its last checkpoint writes them out
+    drop_page_cache(bookie.data_dir)  # their reads need the disk, and wait for it
     bookie.env = {**bookie.env, "TALLY_FAILPOINTS": failpoints}
     await asyncio.to_thread(bookie.start)
     return bookie

@@ -138,10 +138,10 @@ class BookieConfig:
     read_threads: int = 1
     """Threads that read entries from the disks for READ and READ_ENTRIES
     (numReadWorkerThreads), so that a read waiting on a slow disk stalls no add; entries in
-    memory are answered on the event loop. One by default: here a second made a repair no
-    faster, and more reads at once cost a writer beside a repair more (docs/benchmarks.md,
-    bench_reads); disks that serve many reads at once may want more. 0: every read on the
-    event loop, which then waits for each."""
+    memory or the page cache are answered on the event loop. One by default: here a second
+    made a repair no faster, and more reads at once cost a writer beside a repair more
+    (docs/benchmarks.md, bench_reads); disks that serve many reads at once may want more.
+    0: reads from the disks on the event loop too, which then waits for each."""
     max_frame_size: int = protocol.MAX_FRAME_SIZE
     receive_buffer_limit_bytes: int = 64 * 1024**2
     """Bytes that frames begun and not yet complete may hold, over all connections (at

@@ -334,6 +334,27 @@ class EntryLog:
         crc, data = self.check(raw, location, ledger_id, entry_id)
         return crc, bytes(data)  # (bytes already: raw is)
 
+    def read_cached(
+        self, location: Location, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, bytes] | None:
+        """`read`'s answer if it needs no wait for the disk (the record is buffered here or
+        in the page cache); None otherwise, and for any record `read` would refuse, which
+        `read` is then left to refuse as it does."""
+        with self._lock:
+            raw = self._from_buffer(location)
+        if raw is None:
+            try:
+                raw = self._handles.pread_cached(location.log_id, location.size, location.offset)
+            except OSError:
+                return None
+            if raw is None:
+                return None
+        try:
+            crc, data = self.check(raw, location, ledger_id, entry_id)
+        except EntryUnreadable:
+            return None
+        return crc, bytes(data)
+
     def check(
         self, raw: bytes | memoryview, location: Location, ledger_id: LedgerId, entry_id: int
     ) -> tuple[int, bytes | memoryview]:

@@ -515,11 +515,26 @@ class LedgerStorage:
         raise NoSuchEntry(f"entry {entry_id} of ledger {ledger_id} is not on this bookie")
 
     def cached_entry(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, EntryBytes] | None:
-        """`get_entry`'s answer if the entry is in memory (the write cache, or the cache a
-        checkpoint is writing out), without touching a disk; None otherwise."""
+        """`get_entry`'s answer if it needs no wait for a disk: the entry in memory (the
+        write cache, or the cache a checkpoint is writing out), or in an entry log's pages
+        in the page cache; None otherwise, and for anything but an intact copy held (an
+        absence, a mark, an error), which `get_entry` is left to answer."""
         _check_ledger_id(ledger_id)
         _check_entry_id(entry_id, ledger_id)
-        return self._from_memory(ledger_id, entry_id, counted=False)
+        stored = self._from_memory(ledger_id, entry_id, counted=False)
+        if stored is not None:
+            return stored
+        try:
+            location = self._index.location(ledger_id, entry_id)
+        except EntryUnreadable:
+            return None
+        if not isinstance(location, Location) or (ledger_id, entry_id) in self._marks:
+            return None
+        stored = self._log.read_cached(location, ledger_id, entry_id)
+        if stored is not None:
+            with self._lock:
+                self._counters.entries_read += 1
+        return stored
 
     def _from_memory(
         self, ledger_id: LedgerId, entry_id: int, *, counted: bool

@@ -45,6 +45,23 @@ class ReadHandles:
         finally:
             self._release(handle)
 
+    def pread_cached(self, file_id: int, size: int, offset: int) -> bytes | None:
+        """`pread`'s bytes if the page cache holds all of them and the file is open; None
+        where the disk would have to be waited for (RWF_NOWAIT)."""
+        with self._lock:
+            handle = self._handles.get(file_id)
+            if handle is None or file_id in self._gone:
+                return None
+            handle.users += 1
+        try:
+            into = bytearray(size)
+            read = os.preadv(handle.fd, [into], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+        finally:
+            self._release(handle)
+        return bytes(into) if read == size else None
+
     def pread_into(self, file_id: int, into: memoryview, offset: int) -> int:
         """Read into `into` from `offset`; the count read."""
         handle = self._acquire(file_id)

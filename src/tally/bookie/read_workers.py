@@ -2,8 +2,9 @@
 waits on a slow disk holds one of them, not the event loop that takes every add.
 
 A disk seldom fails all at once; it slows first, retrying a sector for seconds. Read on the
-event loop, one such read stalled every add and every answer of the bookie, on every
-ledger and every disk, until it returned.
+event loop, one such read would stall every add and every answer of the bookie, on every
+ledger and every disk, until it returned. Reads that need no disk (memory, the page
+cache) are answered on the loop without coming here (requests.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class ReadWorkers(Generic[T]):
     """Runs reads on `threads` threads and hands each outcome back to the event loop; with
     no threads (`read_threads = 0`), runs each at once where it is asked, on the loop.
 
-    The reads asked in one turn of the loop go to the threads together, split among them:
-    a hand-off to a thread and back costs about as much CPU as a read from the page cache
-    (docs/benchmarks.md, bench_reads), so a reader's many reads share a few."""
+    The reads asked in one turn of the loop go to the threads together, split among them: a
+    hand-off to a thread and back costs tens of microseconds of CPU, as much as a read from
+    the page cache (docs/benchmarks.md, bench_reads), so many reads share a few."""
 
     def __init__(self, threads: int) -> None:
         self._threads = threads

@@ -323,7 +323,8 @@ class BookieRequestProcessor:
     def _serve_read(
         self, request: protocol.ReadRequest, connection: BookieConnectionHandler, started: float
     ) -> None:
-        """An entry in memory is answered at once; one on a disk is read on a read worker."""
+        """An entry in memory or the page cache is answered at once; one that needs a disk is
+        read on a read worker."""
         answered = partial(self._answer_read, request, connection, started)
         if request.entry_id != LAST_ENTRY:
             stored = self.storage.cached_entry(request.ledger_id, request.entry_id)
@@ -341,12 +342,12 @@ class BookieRequestProcessor:
     def _read_entries(
         self, request: protocol.ReadEntriesRequest, connection: BookieConnectionHandler
     ) -> None:
-        """The entries in memory from the first asked are answered at once; if the first is
-        on a disk, the request is read on a read worker."""
+        """The entries in memory or the page cache from the first asked are answered at once;
+        if the first needs a disk, the request is read on a read worker."""
         started = time.perf_counter()
         answered = partial(self._answer_read, request, connection, started)
         try:
-            answer = self._read_entry_run(request, self._in_memory)
+            answer = self._read_entry_run(request, self._without_waiting)
         except _OnDisk:
             self._reads.run(
                 partial(self._read_entry_run, request, self.storage.get_entry), answered
@@ -354,10 +355,12 @@ class BookieRequestProcessor:
             return
         answered(answer)
 
-    def _in_memory(self, ledger_id: LedgerId, entry_id: int) -> tuple[int, protocol.EntryBytes]:
+    def _without_waiting(
+        self, ledger_id: LedgerId, entry_id: int
+    ) -> tuple[int, protocol.EntryBytes]:
         stored = self.storage.cached_entry(ledger_id, entry_id)
         if stored is None:
-            raise _OnDisk(f"entry {entry_id} of ledger {ledger_id} is not in memory")
+            raise _OnDisk(f"entry {entry_id} of ledger {ledger_id} needs a disk read")
         return stored
 
     def _read_entry_run(
@@ -568,7 +571,7 @@ class BookieRequestProcessor:
 
 
 class _OnDisk(TallyError):
-    """An entry a read on the event loop would have to read from a disk."""
+    """An entry a read on the event loop would have to wait for a disk for."""
 
 
 def _read_response(request: protocol.ReadRequest, data: protocol.EntryBytes) -> tuple[bytes, int]:
