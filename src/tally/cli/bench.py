@@ -34,6 +34,7 @@ DESCRIPTIONS = {
     "raw_replicated": "bare Python replicated writes (E3 WQ3 AQ2): the floor of the design",
     "replicas_check": "the online replicas check: ledgers/s over 10,000 closed ledgers",
     "rereplication": "re-replication MB/s after losing a bookie (--mib 1024 for 1 GiB)",
+    "reads": "catch-up reads, and a writer beside a slow disk's reads, by read_threads",
     "audit": "the Spark audit pipeline on synthetic snapshots: ledgers/s, cost per ledger",
     "etcd_peer": "etcd, 3 members on loopback, beside tally: writes/s, p50/p99 (needs etcd)",
 }
