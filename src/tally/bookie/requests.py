@@ -378,7 +378,7 @@ class BookieRequestProcessor:
             for position, entry_id in enumerate(request.entry_ids):
                 try:
                     yield get_entry(ledger_id, entry_id)[1]
-                except TallyError:
+                except (TallyError, _OnDisk):
                     if not position:
                         raise
                     return
@@ -570,8 +570,9 @@ class BookieRequestProcessor:
     }
 
 
-class _OnDisk(TallyError):
-    """An entry a read on the event loop would have to wait for a disk for."""
+class _OnDisk(Exception):
+    """An entry a read on the event loop would have to wait for a disk for (never sent: no
+    TallyError, which would be one of the wire's errors)."""
 
 
 def _read_response(request: protocol.ReadRequest, data: protocol.EntryBytes) -> tuple[bytes, int]:
