@@ -48,11 +48,9 @@ class ReadHandles:
     def pread_cached(self, file_id: int, size: int, offset: int) -> bytes | None:
         """`pread`'s bytes if the page cache holds all of them and the file is open; None
         where the disk would have to be waited for (RWF_NOWAIT)."""
-        with self._lock:
-            handle = self._handles.get(file_id)
-            if handle is None or file_id in self._gone:
-                return None
-            handle.users += 1
+        handle = self._open_handle(file_id)
+        if handle is None:
+            return None
         try:
             into = bytearray(size)
             read = os.preadv(handle.fd, [into], offset, os.RWF_NOWAIT)
@@ -87,15 +85,22 @@ class ReadHandles:
             if handle.retired and handle.users == 0:
                 os.close(handle.fd)
 
-    def _acquire(self, file_id: int) -> _Handle:
+    def _open_handle(self, file_id: int) -> _Handle | None:
+        """The file's handle if it is open, taken for a read (and made the most recently
+        used); None if it is not."""
         with self._lock:
-            if file_id in self._gone:
-                raise FileNotFoundError(f"cannot open file {file_id}: it was deleted")
             handle = self._handles.get(file_id)
             if handle is not None:
                 self._handles.move_to_end(file_id)
                 handle.users += 1
-                return handle
+            return handle
+
+    def _acquire(self, file_id: int) -> _Handle:
+        if file_id in self._gone:
+            raise FileNotFoundError(f"cannot open file {file_id}: it was deleted")
+        handle = self._open_handle(file_id)
+        if handle is not None:
+            return handle
         fd = self._open_file(file_id)
         with self._lock:
             if file_id in self._gone:  # retired while this opened it
